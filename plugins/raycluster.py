@@ -1,0 +1,117 @@
+"""RayCluster (ray.io): a head pod set and one per worker group, multi-host replicas kept whole.
+
+KubeRay labels pods with the cluster's *name*, not its UID, so the selector alone proves
+nothing: ownership rests on the pod's controller reference pointing at this RayCluster's UID.
+Workers of a group with ``numOfHosts > 1`` form replicas (one TPU slice, say) that are useful
+only complete; each replica is a release group, released whole or not at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ungater.plugin_api import (
+    Kind,
+    KindSpec,
+    ObjectRef,
+    PodView,
+    ReleaseGroup,
+    chain_matches,
+    hookimpl,
+    int_or_none,
+    kueue_pod_set,
+)
+
+__all__ = [
+    "CLUSTER_LABEL",
+    "GROUP_LABEL",
+    "HEAD_POD_SET",
+    "HOST_INDEX_LABEL",
+    "NODE_TYPE_LABEL",
+    "RAYCLUSTER",
+    "REPLICA_INDEX_LABEL",
+    "REPLICA_NAME_LABEL",
+]
+
+RAYCLUSTER = Kind("ray.io", "RayCluster")
+CLUSTER_LABEL = "ray.io/cluster"  # value: the RayCluster's name
+NODE_TYPE_LABEL = "ray.io/node-type"  # "head" or "worker"
+GROUP_LABEL = "ray.io/group"  # worker group name; "headgroup" on the head
+# KubeRay feature gate RayMultiHostIndexing (alpha, off, in v1.5; beta, on, since v1.6):
+# every worker gets the replica index; multi-host workers also the replica name and host index.
+REPLICA_INDEX_LABEL = "ray.io/worker-group-replica-index"
+REPLICA_NAME_LABEL = "ray.io/worker-group-replica-name"
+HOST_INDEX_LABEL = "ray.io/replica-host-index"
+HEAD_POD_SET = "head"  # Kueue's name for the head's pod set
+
+_HEAD = 0
+_WORKER = 1
+_KNOWN = 0
+_MISSING = 1
+
+
+def _index(pod: PodView, label: str) -> int | None:
+    # Label values are ASCII by API validation; the check only keeps int_or_none total.
+    value = pod.labels.get(label)
+    return int_or_none(value) if value is not None and value.isascii() else None
+
+
+def _is_head(pod: PodView) -> bool:
+    return pod.labels.get(NODE_TYPE_LABEL) == "head"
+
+
+@hookimpl
+def ungater_kinds() -> Sequence[KindSpec]:
+    return [KindSpec(group=RAYCLUSTER.group, kind=RAYCLUSTER.kind, pod_label=CLUSTER_LABEL)]
+
+
+@hookimpl
+def ungater_pod_selector(owner: ObjectRef) -> Mapping[str, str]:
+    return {CLUSTER_LABEL: owner.name}
+
+
+@hookimpl
+def ungater_owns_pod(owner: ObjectRef, chain: Sequence[ObjectRef]) -> bool:
+    # A RayCluster created by a RayJob or RayService still owns its pods directly.
+    return chain_matches(owner, chain, [RAYCLUSTER])
+
+
+@hookimpl
+def ungater_pod_set(pod: PodView) -> str | None:
+    kueue = kueue_pod_set(pod)
+    if kueue:
+        return kueue
+    if _is_head(pod):
+        return HEAD_POD_SET
+    if pod.labels.get(NODE_TYPE_LABEL) != "worker":
+        return None
+    group = pod.labels.get(GROUP_LABEL)
+    # Kueue names a worker group's pod set after groupName, lowercased.
+    return group.lower() if group else None
+
+
+@hookimpl
+def ungater_sort_key(pod: PodView) -> tuple[int | str, ...]:
+    if _is_head(pod):
+        return (_HEAD, _KNOWN, 0, "", 0)
+    replica = _index(pod, REPLICA_INDEX_LABEL)
+    host = _index(pod, HOST_INDEX_LABEL)
+    return (
+        _WORKER,
+        _MISSING if replica is None else _KNOWN,
+        replica or 0,
+        pod.labels.get(REPLICA_NAME_LABEL, ""),
+        host or 0,
+    )
+
+
+@hookimpl
+def ungater_release_group(pod: PodView) -> ReleaseGroup | None:
+    if _is_head(pod):
+        return None
+    replica_name = pod.labels.get(REPLICA_NAME_LABEL)
+    if not replica_name:
+        return None  # a single-host worker (or KubeRay without multi-host indexing)
+    # numOfHosts is in the RayCluster spec only: no label, annotation or env var on the pod
+    # carries it, so the group is "whatever members exist" (see docs/plugins.md).
+    return ReleaseGroup(key=replica_name)

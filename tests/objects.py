@@ -1,0 +1,165 @@
+"""Builders of raw API objects shaped as Kubernetes and Kueue write them (for the fake and
+the real API server alike)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ungater.kube import PODS, Resource
+
+GATE = "kueue.x-k8s.io/elastic-job"
+WORKLOADS = Resource("kueue.x-k8s.io", "v1beta2", "workloads", "Workload")
+JOBS = Resource("batch", "v1", "jobs", "Job")
+
+
+def owner_ref(obj: dict[str, Any], controller: bool = True) -> dict[str, Any]:
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "name": obj["metadata"]["name"],
+        "uid": obj["metadata"]["uid"],
+        "controller": controller,
+        "blockOwnerDeletion": True,
+    }
+
+
+def job(ns: str, name: str, parallelism: int, uid: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": ns,
+        "annotations": {"kueue.x-k8s.io/elastic-job": "true"},
+        "labels": {"kueue.x-k8s.io/queue-name": "user-queue"},
+    }
+    if uid:
+        meta["uid"] = uid
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta,
+        "spec": {
+            "parallelism": parallelism,
+            "completions": parallelism,
+            "completionMode": "Indexed",
+            "template": {
+                "spec": {
+                    "schedulingGates": [{"name": GATE}],
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "main", "image": "registry.invalid/busy:1"}],
+                }
+            },
+        },
+    }
+
+
+def job_pod(
+    owner: dict[str, Any], index: int, gates: list[str] | None = None, phase: str = "Pending"
+) -> dict[str, Any]:
+    """A pod as the Job controller creates it for completion ``index`` of an Indexed Job."""
+    name = owner["metadata"]["name"]
+    uid = owner["metadata"]["uid"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{name}-{index}-x{index:03d}",
+            "generateName": f"{name}-{index}-",
+            "namespace": owner["metadata"]["namespace"],
+            "labels": {
+                "batch.kubernetes.io/controller-uid": uid,
+                "controller-uid": uid,
+                "batch.kubernetes.io/job-name": name,
+                "job-name": name,
+                "batch.kubernetes.io/job-completion-index": str(index),
+                "kueue.x-k8s.io/podset": "main",
+            },
+            "annotations": {"batch.kubernetes.io/job-completion-index": str(index)},
+            "ownerReferences": [owner_ref(owner)],
+        },
+        "spec": {
+            "schedulingGates": [{"name": g} for g in ([GATE] if gates is None else gates)],
+            "containers": [{"name": "main", "image": "registry.invalid/busy:1"}],
+        },
+        "status": {"phase": phase},
+    }
+
+
+def workload(
+    owner: dict[str, Any],
+    name: str,
+    count: int,
+    admitted: int | None = None,
+    *,
+    replaces: str | None = None,
+    finished: bool = False,
+    evicted: bool = False,
+    pod_set: str = "main",
+    slice_name: str | None = None,
+) -> dict[str, Any]:
+    """A slice Workload owned by ``owner``; ``admitted`` sets an Admitted admission."""
+    ns = owner["metadata"]["namespace"]
+    annotations = {
+        "kueue.x-k8s.io/elastic-job": "true",
+        "kueue.x-k8s.io/workload-slice-name": slice_name or name,
+    }
+    if replaces:
+        annotations["kueue.x-k8s.io/workload-slice-replacement-for"] = f"{ns}/{replaces}"
+    wl: dict[str, Any] = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "annotations": annotations,
+            "labels": {"kueue.x-k8s.io/job-uid": owner["metadata"]["uid"]},
+            "ownerReferences": [owner_ref(owner)],
+        },
+        "spec": {
+            "queueName": "user-queue",
+            "podSets": [{"name": pod_set, "count": count, "template": {"spec": {"containers": []}}}],
+        },
+    }
+    conditions = []
+    if admitted is not None:
+        wl["status"] = {
+            "admission": {
+                "clusterQueue": "cq",
+                "podSetAssignments": [{"name": pod_set, "count": admitted, "flavors": {}}],
+            }
+        }
+        for t in ("QuotaReserved", "Admitted"):
+            conditions.append(_cond(t, "True", t))
+    if finished:
+        conditions.append(_cond("Finished", "True", "WorkloadSliceReplaced"))
+    if evicted:
+        conditions.append(_cond("Evicted", "True", "Preempted"))
+    if conditions:
+        wl.setdefault("status", {})["conditions"] = conditions
+    return wl
+
+
+def _cond(kind: str, status: str, reason: str) -> dict[str, Any]:
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": "",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
+
+
+def gates_of(pod: dict[str, Any]) -> list[str]:
+    return [g["name"] for g in (pod.get("spec") or {}).get("schedulingGates") or ()]
+
+
+def ungated(pods: list[dict[str, Any]], gate: str = GATE) -> list[dict[str, Any]]:
+    return [p for p in pods if gate not in gates_of(p)]
+
+
+def with_phase(pod: dict[str, Any], phase: str) -> dict[str, Any]:
+    out = copy.deepcopy(pod)
+    out["status"] = {"phase": phase}
+    return out
+
+
+__all__ = ["GATE", "JOBS", "PODS", "WORKLOADS", "gates_of", "job", "job_pod", "ungated", "workload"]

@@ -1,0 +1,233 @@
+"""The ``ungater`` command line: run, check-config, plugins, explain, dev-cluster, demo.
+
+Thin by design: it parses arguments, loads the config, and hands over to the library. Errors
+are one line on stderr and a non-zero exit; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import yaml
+
+from ungater import __version__
+from ungater.config import Config, ConfigError, load_config
+
+__all__ = ["main"]
+
+log = logging.getLogger("ungater")
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ungater",
+        description="Release the gated pods of Kueue elastic jobs as far as admitted.",
+    )
+    p.add_argument("--version", action="version", version=f"ungater {__version__}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    def cluster_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--config", "-c", type=Path, help="config file (YAML); default: built-in")
+        sp.add_argument("--kubeconfig", type=Path, help="kubeconfig; default $KUBECONFIG, "
+                        "~/.kube/config, then in-cluster")
+        sp.add_argument("--context", help="kubeconfig context")
+
+    run = sub.add_parser("run", help="run the controller")
+    cluster_args(run)
+    check = sub.add_parser("check-config", help="validate a config file, print the effective one")
+    check.add_argument("file", type=Path)
+    plugins = sub.add_parser("plugins", help="list installed plugins and the kinds they serve")
+    plugins.add_argument("--json", action="store_true")
+    explain = sub.add_parser("explain", help="print why each pod of a workload is (not) released")
+    explain.add_argument("workload", metavar="NAMESPACE/WORKLOAD")
+    explain.add_argument("--json", action="store_true")
+    cluster_args(explain)
+    dev = sub.add_parser("dev-cluster", help="a local kube-apiserver, etcd and Job controller")
+    dev.add_argument("action", choices=["up", "down", "build"])
+    dev.add_argument("--state-dir", type=Path, default=None)
+    demo = sub.add_parser("demo", help="a narrated elastic-job scenario on a local dev cluster")
+    demo.add_argument("--state-dir", type=Path, default=None)
+    demo.add_argument("--fast", action="store_true", help="no pauses between steps")
+    return p
+
+
+def _load(path: Path | None) -> Config:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise CliError(str(exc), code=2) from exc
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    config = _load(args.file)
+    yaml.safe_dump(config.dump(), sys.stdout, sort_keys=False)
+    return 0
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from ungater.registry import PluginRegistry
+
+    registry = PluginRegistry.discover()
+    rows = [p.as_dict() for p in registry.plugins.values()]
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    if not rows:
+        print("no plugins installed")
+    for r in rows:
+        dist = f"{r['distribution']} {r['version']}".strip() or "-"
+        status = f"  ERROR: {r['error']}" if r["error"] else ""
+        print(f"{r['name']:<16} {', '.join(r['kinds']) or '-':<32} {dist}{status}")
+    return 1 if registry.failures else 0
+
+
+async def _client(args: argparse.Namespace, config: Config) -> Any:
+    from ungater.kube import connect
+
+    c = config.client
+    try:
+        return await connect(
+            args.kubeconfig, args.context, qps=c.qps, burst=c.burst,
+            request_timeout=c.request_timeout_seconds,
+            pool_size=c.patch_concurrency + 16 * max(1, len(config.namespaces)),
+        )
+    except Exception as exc:
+        raise CliError(f"cannot configure a Kubernetes client: {exc}") from exc
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ungater.logs import setup_logging
+
+    config = _load(args.config)
+    setup_logging(config.logging.level, config.logging.format)
+    return anyio.run(_run, args, config)
+
+
+async def _run(args: argparse.Namespace, config: Config) -> int:
+    from ungater.controller import Controller, StartupError
+    from ungater.registry import PluginRegistry
+
+    registry = PluginRegistry.discover(config.plugins.allow)
+    client = await _client(args, config)
+    try:
+        try:
+            controller = Controller(config, client, registry)
+            await controller.start()
+        except StartupError as exc:
+            raise CliError(str(exc)) from exc
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+
+            async def on_signal() -> None:
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for signum in signals:
+                        log.info("received %s, shutting down", signal.Signals(signum).name)
+                        stop.set()
+                        return
+
+            tg.start_soon(on_signal)
+            await controller.run(stop)
+            tg.cancel_scope.cancel()
+        log.info("stopped")
+        return 0
+    finally:
+        await client.close()
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    ns, _, name = args.workload.partition("/")
+    if not ns or not name:
+        raise CliError("expected NAMESPACE/WORKLOAD", code=2)
+    return anyio.run(_explain, args, config, ns, name)
+
+
+async def _explain(args: argparse.Namespace, config: Config, ns: str, name: str) -> int:
+    from ungater.explain import ExplainError, explain, render_text
+    from ungater.kube import ApiError
+    from ungater.registry import PluginRegistry
+
+    registry = PluginRegistry.discover(config.plugins.allow)
+    client = await _client(args, config)
+    try:
+        report = await explain(client, config, registry, ns, name)
+    except (ExplainError, ApiError, LookupError) as exc:
+        raise CliError(str(exc)) from exc
+    finally:
+        await client.close()
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(render_text(report))
+    return 0
+
+
+def cmd_dev_cluster(args: argparse.Namespace) -> int:
+    from ungater.devcluster import detached
+
+    if args.action == "up":
+        return detached.dev_cluster_up(args.state_dir)
+    if args.action == "down":
+        return detached.dev_cluster_down(args.state_dir)
+    from ungater.devcluster.__main__ import main as dev_main
+
+    return dev_main(["build"])
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from ungater.demo import run_demo
+
+    return run_demo(args.state_dir, fast=args.fast)
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "check-config": cmd_check_config,
+    "plugins": cmd_plugins,
+    "explain": cmd_explain,
+    "dev-cluster": cmd_dev_cluster,
+    "demo": cmd_demo,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    try:
+        return COMMANDS[args.command](args)
+    except CliError as exc:
+        if args.debug:
+            raise
+        print(f"ungater: error: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"ungater: error: {type(exc).__name__}: {exc} (use --debug for details)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

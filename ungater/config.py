@@ -1,0 +1,143 @@
+"""The config file: a pydantic model loaded from YAML, with errors that name file, key and need.
+
+Every key has a default, so ``ungater run`` with no file releases all built-in kinds'
+``kueue.x-k8s.io/elastic-job`` gate in all namespaces. Unknown keys are errors: a typo must not
+silently fall back to a default on a production cluster.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = ["DEFAULT_GATE", "Config", "ConfigError", "KindConfig", "load_config"]
+
+DEFAULT_GATE = "kueue.x-k8s.io/elastic-job"
+_BUILTIN_KINDS = (("batch", "Job"), ("jobset.x-k8s.io", "JobSet"), ("ray.io", "RayCluster"))
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class KindConfig(_Model):
+    """One elastic owner kind."""
+
+    group: str = Field(description="API group of the owner kind; empty for the core group.")
+    kind: str = Field(min_length=1)
+    plugin: str | None = Field(
+        default=None, description="Plugin that serves the kind; needed only if several do."
+    )
+    gate: str | None = Field(default=None, description="Gate to remove; defaults to `gate`.")
+
+
+class PluginsConfig(_Model):
+    allow: list[str] | None = Field(
+        default=None, description="Only load these entry point names (None: all installed)."
+    )
+    fail_on_error: bool = Field(default=False, alias="failOnError")
+
+
+class WatchConfig(_Model):
+    timeout_seconds: int = Field(default=300, ge=10, le=3600, alias="timeoutSeconds")
+    silence_seconds: float = Field(default=90.0, gt=0, alias="silenceSeconds")
+    backoff_initial_seconds: float = Field(default=0.5, gt=0, alias="backoffInitialSeconds")
+    backoff_max_seconds: float = Field(default=30.0, gt=0, alias="backoffMaxSeconds")
+
+
+class ClientConfig(_Model):
+    qps: float = Field(default=200.0, gt=0)
+    burst: int = Field(default=400, ge=1)
+    patch_concurrency: int = Field(default=32, ge=1, le=1024, alias="patchConcurrency")
+    request_timeout_seconds: float = Field(default=30.0, gt=0, alias="requestTimeoutSeconds")
+
+
+class LoggingConfig(_Model):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["text", "json"] = "text"
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _upper(cls, v: Any) -> Any:
+        return v.upper() if isinstance(v, str) else v
+
+
+class Config(_Model):
+    """The whole config file. Keys are camelCase in YAML."""
+
+    gate: str = Field(default=DEFAULT_GATE, min_length=1)
+    kinds: list[KindConfig] = Field(
+        default_factory=lambda: [KindConfig(group=g, kind=k) for g, k in _BUILTIN_KINDS]
+    )
+    namespaces: list[str] = Field(default_factory=list, description="Empty: all namespaces.")
+    require_elastic_annotation: bool = Field(default=True, alias="requireElasticAnnotation")
+    workload_api_versions: list[Literal["v1beta2", "v1beta1"]] = Field(
+        default_factory=lambda: ["v1beta2", "v1beta1"], alias="workloadApiVersions", min_length=1
+    )
+    workers: int = Field(default=4, ge=1, le=256)
+    expectations_timeout_seconds: float = Field(
+        default=30.0, gt=0, alias="expectationsTimeoutSeconds"
+    )
+    client: ClientConfig = Field(default_factory=ClientConfig)
+    watch: WatchConfig = Field(default_factory=WatchConfig)
+    plugins: PluginsConfig = Field(default_factory=PluginsConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="after")
+    def _unique_kinds(self) -> Config:
+        seen: set[tuple[str, str]] = set()
+        for k in self.kinds:
+            if (k.group, k.kind) in seen:
+                raise ValueError(f"kind {k.kind}.{k.group} is listed twice")
+            seen.add((k.group, k.kind))
+        if len(set(self.namespaces)) != len(self.namespaces):
+            raise ValueError("namespaces must not repeat")
+        return self
+
+    def gate_for(self, kind: KindConfig) -> str:
+        return kind.gate or self.gate
+
+    def dump(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; the message names the file and the key."""
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Load and validate a config file; None gives the built-in defaults."""
+    if path is None:
+        return Config()
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: expected a mapping at the top level, got {type(raw).__name__}")
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            where = _location(tuple(err["loc"]))
+            what = err["msg"]
+            if err["type"] == "extra_forbidden":
+                what = "unknown key"
+            lines.append(f"{p}: {where}: {what}")
+        raise ConfigError("\n".join(lines)) from exc

@@ -1,0 +1,487 @@
+"""The controller: caches, work queue, expectations and patching around the pure decision.
+
+Data path: reflectors keep indexed caches of elastic Workloads, of each kind's pods and of the
+intermediate owners needed to prove ownership. Every relevant change enqueues the owner it
+concerns; a worker reconciles one owner at a time: it checks expectations, gathers the owner's
+slices and pods, asks the plugin about each pod, calls ``decide`` and removes the gate from the
+chosen pods with a guarded JSON patch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from ungater.assess import owner_of, pod_facts
+from ungater.cache import OwnerKey, PodIndex, WorkloadIndex, ancestors
+from ungater.config import Config
+from ungater.decision import Decision, Release, decide
+from ungater.expectations import Expectations
+from ungater.kube import PODS, ApiError, KubeClient, Resource
+from ungater.model import (
+    Kind,
+    MalformedObject,
+    ObjectView,
+    PodView,
+    WorkloadView,
+    parse_object,
+    parse_pod,
+    parse_workload,
+)
+from ungater.plugin_api import ResourceSpec
+from ungater.reflector import Reflector
+from ungater.registry import KindHandler, PluginError, PluginRegistry
+from ungater.workqueue import QueueShutDown, WorkQueue
+
+__all__ = ["Controller", "StartupError", "release_patch", "workload_resource"]
+
+log = logging.getLogger(__name__)
+KUEUE_GROUP = "kueue.x-k8s.io"
+
+
+class StartupError(Exception):
+    """The controller cannot start as configured; the message says what to fix."""
+
+
+def workload_resource(version: str) -> Resource:
+    return Resource(KUEUE_GROUP, version, "workloads", "Workload")
+
+
+def release_patch(release: Release) -> list[dict[str, Any]]:
+    """A JSON patch removing exactly our gate: the ``test`` fails the request if the list
+    changed under us, instead of removing someone else's gate."""
+    path = f"/spec/schedulingGates/{release.gate_index}"
+    return [
+        {"op": "test", "path": f"{path}/name", "value": release.gate},
+        {"op": "remove", "path": path},
+    ]
+
+
+@dataclass
+class KindRuntime:
+    """What the controller holds per configured owner kind."""
+
+    handler: KindHandler
+    gate: str
+    pods: PodIndex
+
+    @property
+    def kind(self) -> Kind:
+        return self.handler.kind
+
+
+@dataclass
+class Stats:
+    reconciles: int = 0
+    reconcile_errors: int = 0
+    plugin_errors: int = 0
+    released: int = 0
+    patch_conflicts: int = 0
+    patch_gone: int = 0
+    patch_errors: int = 0
+    foreign_releases: int = 0
+    skipped_kinds: list[str] = field(default_factory=list)
+
+
+class Controller:
+    def __init__(
+        self,
+        config: Config,
+        client: KubeClient,
+        registry: PluginRegistry,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.registry = registry
+        self.stats = Stats()
+        self.kinds: dict[Kind, KindRuntime] = {}
+        self._resolve_kinds()
+        self.workloads = WorkloadIndex()
+        self.objects: dict[str, ObjectView] = {}
+        self.queue: WorkQueue[OwnerKey] = WorkQueue()
+        self.expectations = Expectations(config.expectations_timeout_seconds, clock)
+        self.reflectors: list[Reflector[Any]] = []
+        self.decisions: dict[OwnerKey, Decision] = {}
+        self.workload_version = ""
+        self.ready = anyio.Event()
+        self._patch_slots = anyio.Semaphore(config.client.patch_concurrency)
+        self._ours: set[str] = set()  # pods we are patching or have patched, to spot others
+
+    # -- set-up -----------------------------------------------------------------------------
+
+    def _resolve_kinds(self) -> None:
+        failures = self.registry.failures
+        for failed in failures:
+            log.error("plugin %s unavailable: %s", failed.label, failed.error)
+        if failures and self.config.plugins.fail_on_error:
+            names = ", ".join(f.label for f in failures)
+            raise StartupError(f"plugins failed to load and plugins.failOnError is set: {names}")
+        for kc in self.config.kinds:
+            kind = Kind(kc.group, kc.kind)
+            try:
+                handler = self.registry.handler(kind, kc.plugin)
+            except LookupError as exc:
+                if failures and not self.registry.providers(kind):
+                    # a broken plugin may have served it: skip the kind, keep the rest working
+                    log.error("kind %s skipped: %s (a plugin failed to load)", kind, exc)
+                    self.stats.skipped_kinds.append(str(kind))
+                    continue
+                raise StartupError(f"config kinds: {exc}") from exc
+            gate = self.config.gate_for(kc)
+            self.kinds[kind] = KindRuntime(handler, gate, PodIndex(handler.spec.pod_label))
+        if not self.kinds:
+            raise StartupError("no elastic kind can be served (see the plugin errors above)")
+
+    async def _discover_workload_version(self) -> str:
+        served = await self.client.served_versions(KUEUE_GROUP)
+        for version in self.config.workload_api_versions:
+            if version in served:
+                return version
+        wanted = ", ".join(self.config.workload_api_versions)
+        raise StartupError(
+            f"the API server serves no Workload version of {wanted} "
+            f"(served: {', '.join(served) or 'none'}; is Kueue installed?)"
+        )
+
+    def _namespaces(self) -> Sequence[str | None]:
+        return list(self.config.namespaces) or [None]
+
+    def build_reflectors(self) -> None:
+        w = self.config.watch
+        common: dict[str, Any] = {
+            "timeout_seconds": w.timeout_seconds,
+            "silence_seconds": w.silence_seconds,
+            "backoff_initial": w.backoff_initial_seconds,
+            "backoff_max": w.backoff_max_seconds,
+        }
+        wl_res = workload_resource(self.workload_version)
+        intermediates: dict[tuple[str, str, str, str], ResourceSpec] = {}
+        for rt in self.kinds.values():
+            for spec in rt.handler.spec.intermediates:
+                intermediates[(spec.group, spec.version, spec.plural, spec.label_selector)] = spec
+        for ns in self._namespaces():
+            self.reflectors.append(
+                Reflector(
+                    self.client, wl_res, ns, self._parse_workload, self._on_workload, **common
+                )
+            )
+            for rt in self.kinds.values():
+                self.reflectors.append(
+                    Reflector(
+                        self.client,
+                        PODS,
+                        ns,
+                        parse_pod,
+                        self._pod_handler(rt),
+                        label_selector=rt.handler.spec.pod_label,
+                        **common,
+                    )
+                )
+            for spec in intermediates.values():
+                res = Resource(spec.group, spec.version, spec.plural, spec.kind)
+                self.reflectors.append(
+                    Reflector(
+                        self.client,
+                        res,
+                        ns,
+                        parse_object,
+                        self._on_object,
+                        label_selector=spec.label_selector,
+                        **common,
+                    )
+                )
+
+    # -- cache event handlers (synchronous: they only update indexes and enqueue) --------------
+
+    def _parse_workload(self, obj: Mapping[str, Any]) -> WorkloadView | None:
+        wl = parse_workload(obj)
+        if wl.owner is None or wl.owner.group_kind not in self.kinds:
+            return None
+        if self.config.require_elastic_annotation and not wl.elastic:
+            return None
+        return wl
+
+    def _on_workload(self, old: WorkloadView | None, new: WorkloadView | None) -> None:
+        self.workloads.on_change(old, new)
+        for wl in (old, new):
+            if wl is not None and wl.owner is not None:
+                self.queue.add(OwnerKey(wl.namespace, wl.owner.uid))
+
+    def _on_object(self, old: ObjectView | None, new: ObjectView | None) -> None:
+        if new is not None:
+            self.objects[new.uid] = new
+        elif old is not None:
+            self.objects.pop(old.uid, None)
+        view = new or old
+        if view is not None:
+            self._enqueue_owners(view.namespace, (view.controller and [view.controller.uid]) or [])
+
+    def _enqueue_owners(self, namespace: str, start: list[str]) -> None:
+        if not start:
+            return
+        first = start[0]
+        obj = self.objects.get(first)
+        uids = [first, *ancestors(obj.controller, self.objects)] if obj else [first]
+        for uid in uids:
+            if self.workloads.has_owner(uid):
+                self.queue.add(OwnerKey(namespace, uid))
+
+    def _pod_handler(self, rt: KindRuntime) -> Callable[[PodView | None, PodView | None], None]:
+        gate = rt.gate
+
+        def on_pod(old: PodView | None, new: PodView | None) -> None:
+            rt.pods.on_change(old, new)
+            pod = new or old
+            if pod is None:
+                return
+            settled = new is None or not new.has_gate(gate) or new.terminal or new.deleting
+            if settled:
+                self.expectations.observe(pod.uid)
+            if (
+                old is not None
+                and new is not None
+                and old.has_gate(gate)
+                and not new.has_gate(gate)
+                and pod.uid not in self._ours
+            ):
+                self._report_foreign_release(new, gate)
+            if new is None:
+                self._ours.discard(pod.uid)
+            if old is not None and new is not None and not _relevant_change(old, new):
+                return
+            ctrl = pod.controller
+            if ctrl is not None:
+                self._enqueue_owners(pod.namespace, [ctrl.uid])
+
+        return on_pod
+
+    # -- reconcile --------------------------------------------------------------------------
+
+    async def reconcile(self, key: OwnerKey) -> Decision | None:
+        """Decide for one owner and release what the decision chose."""
+        self.stats.reconciles += 1
+        slices = self.workloads.for_owner(key.uid)
+        if not slices:
+            self.expectations.forget_key(key)
+            self.decisions.pop(key, None)
+            return None
+        owner = owner_of(slices)
+        rt = self.kinds.get(owner.group_kind) if owner else None
+        if owner is None or rt is None:
+            return None
+        if self.expectations.pending(key):
+            expired = self.expectations.expired(key)
+            if not expired:
+                wait = self.expectations.next_deadline(key) or 0.0
+                self.queue.add_after(key, max(wait, 0.01))
+                return None
+            await self._settle_expired(key, rt, expired)
+        selector = rt.handler.pod_selector(owner)
+        pods = rt.pods.select(key.namespace, selector)
+        facts = pod_facts(rt.handler, owner, pods, self.objects)
+        decision = decide(slices, facts, rt.gate, self.expectations.pending(key))
+        self.decisions[key] = decision
+        if decision.releases:
+            await self._release(key, rt, decision)
+        return decision
+
+    async def _settle_expired(self, key: OwnerKey, rt: KindRuntime, uids: frozenset[str]) -> None:
+        """The watch has not shown our patches in time: ask the API server for the truth.
+
+        A pod that is released keeps counting as in flight (re-armed) until the cache catches up;
+        one that is gone or still gated no longer does.
+        """
+        self.expectations.expired_total += len(uids)
+        for uid in uids:
+            pod = rt.pods.by_uid.get(uid)
+            self.expectations.observe(uid)
+            if pod is None:
+                continue
+            fresh = await self.client.get(PODS, pod.namespace, pod.name)
+            if fresh is None or (fresh.get("metadata") or {}).get("uid") != uid:
+                continue
+            try:
+                view = parse_pod(fresh)
+            except MalformedObject:
+                continue
+            if not view.has_gate(rt.gate) and not view.terminal and not view.deleting:
+                self.expectations.expect(key, [uid])
+        log.warning("%s: %d expectation(s) expired; settled from the API server", key, len(uids))
+
+    async def _release(self, key: OwnerKey, rt: KindRuntime, decision: Decision) -> None:
+        releases = decision.releases
+        self.expectations.expect(key, [r.pod.uid for r in releases])
+        self._ours.update(r.pod.uid for r in releases)
+        outcomes: dict[str, str] = {}
+
+        async def one(r: Release) -> None:
+            async with self._patch_slots:
+                outcomes[r.pod.uid] = await self._patch(r)
+
+        async with anyio.create_task_group() as tg:
+            for r in releases:
+                tg.start_soon(one, r)
+        retry = False
+        failed = 0
+        released_by_set: dict[str, int] = {}
+        for r in releases:
+            outcome = outcomes.get(r.pod.uid, "error")
+            if outcome == "released":
+                self.stats.released += 1
+                released_by_set[r.pod_set] = released_by_set.get(r.pod_set, 0) + 1
+            elif outcome in ("gone", "conflict"):
+                self.expectations.observe(r.pod.uid)  # nothing of ours is in flight there
+                self._ours.discard(r.pod.uid)
+                if outcome == "conflict":
+                    await self._check_foreign_release(r)
+                retry = True
+            else:
+                failed += 1  # unknown outcome: the patch may have landed; keep expecting it
+        for pod_set, n in released_by_set.items():
+            log.info(
+                "released %d pod(s) of pod set %s (owner %s %s, slice %s)",
+                n,
+                pod_set,
+                rt.kind,
+                key,
+                decision.active_slice,
+            )
+        if failed:
+            raise RuntimeError(f"{failed} patch(es) failed for {key}")
+        if retry:
+            self.queue.add(key)
+
+    async def _check_foreign_release(self, r: Release) -> None:
+        """Our guarded patch was refused: if the gate is gone, another writer released the pod."""
+        fresh = await self.client.get(PODS, r.pod.namespace, r.pod.name)
+        if fresh is None:
+            return
+        view = parse_pod(fresh)
+        if view.uid == r.pod.uid and not view.has_gate(r.gate):
+            self._report_foreign_release(view, r.gate)
+
+    def _report_foreign_release(self, pod: PodView, gate: str) -> None:
+        self.stats.foreign_releases += 1
+        log.warning(
+            "gate %s was removed from pod %s/%s by someone else: another releaser owns this "
+            "gate, and the cap can no longer be guaranteed",
+            gate,
+            pod.namespace,
+            pod.name,
+        )
+
+    async def _patch(self, r: Release) -> str:
+        try:
+            await self.client.json_patch(PODS, r.pod.namespace, r.pod.name, release_patch(r))
+            return "released"
+        except ApiError as exc:
+            if exc.status == 404:
+                self.stats.patch_gone += 1
+                return "gone"
+            if exc.status in (409, 422):
+                self.stats.patch_conflicts += 1
+                log.info(
+                    "pod %s/%s changed under us (%s); re-deciding", r.pod.namespace, r.pod.name, exc
+                )
+                return "conflict"
+            self.stats.patch_errors += 1
+            log.warning("patching pod %s/%s failed: %s", r.pod.namespace, r.pod.name, exc)
+            return "error"
+        except (OSError, TimeoutError) as exc:
+            self.stats.patch_errors += 1
+            log.warning("patching pod %s/%s failed: %r", r.pod.namespace, r.pod.name, exc)
+            return "error"
+
+    # -- running ----------------------------------------------------------------------------
+
+    async def _worker(self) -> None:
+        while True:
+            try:
+                key = await self.queue.get()
+            except QueueShutDown:
+                return
+            try:
+                await self.reconcile(key)
+                self.queue.forget(key)
+            except PluginError as exc:
+                self.stats.plugin_errors += 1
+                log.error("%s: skipped: %s", key, exc)
+                self.queue.add_rate_limited(key)
+            except Exception as exc:
+                self.stats.reconcile_errors += 1
+                log.warning("%s: reconcile failed: %r; retrying with backoff", key, exc)
+                self.queue.add_rate_limited(key)
+            finally:
+                self.queue.done(key)
+
+    async def start(self) -> None:
+        """Resolve the Workload API version and build the caches (no watching yet)."""
+        self.workload_version = await self._discover_workload_version()
+        self.build_reflectors()
+        log.info(
+            "serving %s with Workload %s in %s",
+            ", ".join(
+                f"{k} (gate {rt.gate}, plugin {rt.handler.plugin.label})"
+                for k, rt in self.kinds.items()
+            ),
+            self.workload_version,
+            ", ".join(self.config.namespaces) or "all namespaces",
+        )
+
+    async def run(self, stop: anyio.Event, grace: float = 10.0) -> None:
+        """Run until ``stop`` is set; then finish in-flight reconciles (up to ``grace`` s)."""
+        if not self.reflectors:
+            await self.start()
+        async with anyio.create_task_group() as tg:
+            for r in self.reflectors:
+                tg.start_soon(r.run)
+            async with anyio.create_task_group() as sync_wait:
+                sync_wait.start_soon(self._wait_synced)
+                await _first_of(stop, self.ready)
+                sync_wait.cancel_scope.cancel()
+            if self.ready.is_set():
+                async with anyio.create_task_group() as workers:
+                    for _ in range(self.config.workers):
+                        workers.start_soon(self._worker)
+                    await stop.wait()
+                    self.queue.shut_down()  # workers return after their current key
+                    workers.cancel_scope.deadline = anyio.current_time() + grace
+            tg.cancel_scope.cancel()
+
+    async def _wait_synced(self) -> None:
+        for r in self.reflectors:
+            await r.synced.wait()
+        log.info(
+            "caches synced: %d workloads, %d pods, %d intermediate owners",
+            len(self.workloads),
+            sum(len(rt.pods) for rt in self.kinds.values()),
+            len(self.objects),
+        )
+        self.ready.set()
+
+
+async def _first_of(*events: anyio.Event) -> None:
+    async with anyio.create_task_group() as tg:
+
+        async def wait(e: anyio.Event) -> None:
+            await e.wait()
+            tg.cancel_scope.cancel()
+
+        for e in events:
+            tg.start_soon(wait, e)
+
+
+def _relevant_change(old: PodView, new: PodView) -> bool:
+    return (
+        old.gates != new.gates
+        or old.terminal != new.terminal
+        or old.deleting != new.deleting
+        or old.labels != new.labels
+        or old.owner_refs != new.owner_refs
+    )

@@ -1,0 +1,301 @@
+"""The ungating decision: which gated pods to release now. A pure function, no I/O.
+
+Given every Workload slice of one owner, the owner's candidate pods (with the plugin's answers
+already attached) and the gate we own, ``decide`` picks the pods to release and explains, per
+pod set, why every other pod waits. The controller does the I/O around it; ``ungater explain``
+prints the same explanation.
+
+Rules, in short: only the newest admitted, unfinished, unevicted slice sets the cap; the cap of
+a pod set is min(spec count, admitted count); pods already released (or in flight) use it up;
+the rest is filled in the plugin's order, whole release groups at a time, never with a pod
+being deleted or one whose ownership is not proven.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from ungater.model import ADMITTED, EVICTED, FINISHED, PodView, WorkloadView
+from ungater.plugin_api import ReleaseGroup
+
+__all__ = [
+    "Decision",
+    "Ownership",
+    "PodFacts",
+    "PodSetReport",
+    "Release",
+    "Waiting",
+    "active_slice",
+    "decide",
+    "order_slices",
+    "pod_set_caps",
+]
+
+
+class Ownership(enum.Enum):
+    PROVEN = "proven"  # the controller chain reaches the owner and the plugin accepts it
+    FOREIGN = "foreign"  # the chain leads elsewhere, or there is none: not ours
+    UNRESOLVED = "unresolved"  # a hop of the chain is not cached yet: cannot tell
+
+
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    """A candidate pod with what its plugin said about it."""
+
+    pod: PodView
+    pod_set: str | None
+    sort_key: tuple[int | str, ...] = ()
+    group: ReleaseGroup | None = None
+    ownership: Ownership = Ownership.PROVEN
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """One pod to release: remove ``gate`` found at ``gate_index`` of its schedulingGates."""
+
+    pod: PodView
+    pod_set: str
+    gate: str
+    gate_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    pod: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class PodSetReport:
+    name: str
+    spec_count: int | None
+    admitted_count: int | None
+    cap: int
+    live_ungated: int
+    in_flight: int
+    gated: int
+    chosen: tuple[str, ...] = ()
+    waiting: tuple[Waiting, ...] = ()
+    problem: str = ""
+
+    @property
+    def free(self) -> int:
+        return max(0, self.cap - self.live_ungated - self.in_flight)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    active_slice: str | None
+    summary: str
+    releases: tuple[Release, ...] = ()
+    pod_sets: tuple[PodSetReport, ...] = ()
+    unmapped: tuple[Waiting, ...] = field(default=())
+
+    @property
+    def released_names(self) -> list[str]:
+        return [r.pod.name for r in self.releases]
+
+
+def _chain_depth(wl: WorkloadView, by_key: dict[str, WorkloadView]) -> int:
+    """How many replacement links lead back from ``wl`` (a missing target still counts one)."""
+    depth, seen, cur = 0, {wl.key}, wl
+    while cur.replacement_for and depth < len(by_key) + 1:
+        depth += 1
+        nxt = by_key.get(cur.replacement_for)
+        if nxt is None or nxt.key in seen:
+            break
+        seen.add(nxt.key)
+        cur = nxt
+    return depth
+
+
+def order_slices(slices: Iterable[WorkloadView]) -> list[WorkloadView]:
+    """Oldest first. Creation time, then the replacement link (a replacement is newer than the
+    slice it replaces, even within the same second), then UID for a stable total order."""
+    items = list(slices)
+    by_key = {w.key: w for w in items}
+    return sorted(items, key=lambda w: (w.creation_timestamp, _chain_depth(w, by_key), w.uid))
+
+
+def active_slice(slices: Iterable[WorkloadView]) -> WorkloadView | None:
+    """The newest slice that is admitted, not finished and not evicted; None if there is none."""
+    live = [
+        w
+        for w in order_slices(slices)
+        if w.condition_true(ADMITTED)
+        and not w.condition_true(FINISHED)
+        and not w.condition_true(EVICTED)
+    ]
+    return live[-1] if live else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Cap:
+    cap: int
+    spec: int | None
+    admitted: int | None
+    problem: str = ""
+
+
+def pod_set_caps(wl: WorkloadView) -> dict[str, _Cap]:
+    """Per pod set: min(spec count, admitted count when present). Malformed input caps at 0."""
+    assigned = {a.name: a for a in wl.assignments or ()}
+    caps: dict[str, _Cap] = {}
+    for ps in wl.pod_sets:
+        a = assigned.get(ps.name)
+        if ps.count is None:
+            caps[ps.name] = _Cap(0, None, a.count if a else None, "spec count missing or invalid")
+        elif a is None:
+            caps[ps.name] = _Cap(0, ps.count, None, "pod set missing from status.admission")
+        elif a.invalid:
+            caps[ps.name] = _Cap(0, ps.count, None, "admitted count invalid")
+        elif a.count is None:
+            caps[ps.name] = _Cap(ps.count, ps.count, None)
+        else:
+            caps[ps.name] = _Cap(min(ps.count, a.count), ps.count, a.count)
+    return caps
+
+
+def _comparable(key: tuple[int | str, ...]) -> tuple[tuple[int, int, str], ...]:
+    # ints sort before strs and never compare with them, whatever shapes a plugin returns
+    return tuple((0, x, "") if isinstance(x, int) else (1, 0, str(x)) for x in key)
+
+
+def _order(f: PodFacts) -> tuple[object, ...]:
+    return (_comparable(f.sort_key), f.pod.creation_timestamp, f.pod.name, f.pod.uid)
+
+
+def _decide_pod_set(
+    name: str, cap: _Cap, facts: Sequence[PodFacts], gate: str, in_flight: frozenset[str]
+) -> tuple[PodSetReport, list[Release]]:
+    live_ungated = flying = gated = 0
+    waiting: list[Waiting] = []
+    eligible: list[PodFacts] = []
+    blocked_groups: dict[str, str] = {}
+    present_in_group: dict[str, int] = {}
+    for f in facts:
+        pod = f.pod
+        live = not pod.terminal and not pod.deleting
+        if f.group is not None and live:
+            present_in_group[f.group.key] = present_in_group.get(f.group.key, 0) + 1
+        if not pod.has_gate(gate):
+            live_ungated += live
+            continue
+        if pod.uid in in_flight:
+            flying += live
+            continue
+        if not live:
+            reason = "being deleted" if pod.deleting else f"terminal ({pod.phase})"
+            waiting.append(Waiting(pod.name, reason))
+            continue
+        gated += 1
+        if f.ownership is Ownership.UNRESOLVED:
+            reason = "ownership not yet provable (an intermediate owner is not cached)"
+            waiting.append(Waiting(pod.name, reason))
+            if f.group is not None:
+                blocked_groups[f.group.key] = f"member {pod.name} is not provably owned"
+            continue
+        eligible.append(f)
+
+    budget = cap.cap - live_ungated - flying
+    units: list[list[PodFacts]] = []
+    unit_of: dict[str, list[PodFacts]] = {}
+    for f in sorted(eligible, key=_order):
+        if f.group is None:
+            units.append([f])
+            continue
+        unit = unit_of.get(f.group.key)
+        if unit is None:
+            unit = unit_of[f.group.key] = []
+            units.append(unit)
+        unit.append(f)
+
+    chosen: list[Release] = []
+    stopped = ""
+    for unit in units:
+        group = unit[0].group
+        if stopped:
+            waiting.extend(Waiting(f.pod.name, stopped) for f in unit)
+            continue
+        if group is not None:
+            why = blocked_groups.get(group.key, "")
+            present = present_in_group.get(group.key, 0)
+            if not why and group.size is not None and present < group.size:
+                why = f"release group {group.key} incomplete ({present} of {group.size} pods)"
+            if why:
+                waiting.extend(Waiting(f.pod.name, why) for f in unit)
+                continue
+        if len(unit) > budget:
+            if budget <= 0:
+                stopped = f"cap reached ({live_ungated + flying} of {cap.cap} released)"
+            else:
+                stopped = f"next release group needs {len(unit)} pods, {budget} left under the cap"
+            waiting.extend(Waiting(f.pod.name, stopped) for f in unit)
+            continue
+        budget -= len(unit)
+        for f in unit:
+            chosen.append(Release(f.pod, name, gate, f.pod.gates.index(gate)))
+
+    report = PodSetReport(
+        name=name,
+        spec_count=cap.spec,
+        admitted_count=cap.admitted,
+        cap=cap.cap,
+        live_ungated=live_ungated,
+        in_flight=flying,
+        gated=gated,
+        chosen=tuple(r.pod.name for r in chosen),
+        waiting=tuple(waiting),
+        problem=cap.problem,
+    )
+    return report, chosen
+
+
+def decide(
+    slices: Sequence[WorkloadView],
+    pods: Sequence[PodFacts],
+    gate: str,
+    in_flight: Iterable[str] = (),
+) -> Decision:
+    """Choose the pods to release now.
+
+    ``in_flight`` holds the UIDs of pods already patched whose change the cache has not shown
+    yet; they count as released. Calling again with the chosen pods added to ``in_flight``
+    chooses nothing new.
+    """
+    flying = frozenset(in_flight)
+    active = active_slice(slices)
+    if active is None:
+        summary = "no workload" if not slices else "no admitted, unfinished, unevicted slice"
+        return Decision(
+            None,
+            summary,
+            unmapped=tuple(Waiting(f.pod.name, summary) for f in pods if f.pod.has_gate(gate)),
+        )
+    caps = pod_set_caps(active)
+    by_set: dict[str, list[PodFacts]] = {name: [] for name in caps}
+    unmapped: list[Waiting] = []
+    for f in pods:
+        if f.ownership is Ownership.FOREIGN:
+            if f.pod.has_gate(gate):
+                unmapped.append(
+                    Waiting(f.pod.name, "not owned: ownerReferences do not lead to the owner")
+                )
+            continue
+        if f.pod_set is None or f.pod_set not in by_set:
+            if f.pod.has_gate(gate):
+                what = f"unknown pod set {f.pod_set!r}" if f.pod_set else "no pod set"
+                unmapped.append(Waiting(f.pod.name, f"{what} in slice {active.name}"))
+            continue
+        by_set[f.pod_set].append(f)
+
+    reports: list[PodSetReport] = []
+    releases: list[Release] = []
+    for name, cap in caps.items():
+        report, chosen = _decide_pod_set(name, cap, by_set[name], gate, flying)
+        reports.append(report)
+        releases.extend(chosen)
+    summary = f"active slice {active.name}: releasing {len(releases)}"
+    return Decision(active.name, summary, tuple(releases), tuple(reports), tuple(unmapped))

@@ -1,0 +1,45 @@
+"""A real local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager) for tests.
+
+The binaries are built from the upstream Go modules into a cache outside the repository
+(:mod:`.build`), started on loopback with generated certificates (:mod:`.cluster`), run
+detached for manual work (:mod:`.detached`), and offered to pytest suites as fixtures
+(:mod:`.pytest_plugin`).  Names are imported lazily so that importing the package (which the
+pytest plugin does in every run) stays cheap.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ungater.devcluster.build import (
+        Binaries,
+        ControlPlaneUnavailable,
+        ensure_binaries,
+        ensure_crds,
+    )
+    from ungater.devcluster.cluster import LocalControlPlane
+
+__all__ = [
+    "Binaries",
+    "ControlPlaneUnavailable",
+    "LocalControlPlane",
+    "ensure_binaries",
+    "ensure_crds",
+]
+
+_LAZY = {
+    "Binaries": "ungater.devcluster.build",
+    "ControlPlaneUnavailable": "ungater.devcluster.build",
+    "ensure_binaries": "ungater.devcluster.build",
+    "ensure_crds": "ungater.devcluster.build",
+    "LocalControlPlane": "ungater.devcluster.cluster",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(module), name)

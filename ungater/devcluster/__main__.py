@@ -1,0 +1,82 @@
+"""Command line of the local control plane: ``python -m ungater.devcluster build|up|down``.
+
+``build`` compiles (or reuses) the binaries and fetches the CRDs, printing what it did and how
+long it took; ``up``/``down`` start and stop a detached dev cluster for manual work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def _build(args: argparse.Namespace) -> int:
+    from ungater.devcluster import build
+
+    def say(message: str) -> None:
+        print(message, flush=True)
+
+    started = time.monotonic()
+    before = build.find_binaries()
+    try:
+        bins = build.ensure_binaries(build=not args.no_build, log=say)
+        crds = build.ensure_crds(log=say)
+    except build.ControlPlaneUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    elapsed = time.monotonic() - started
+    action = "reused" if before is not None else "built"
+    versions = f"Kubernetes {bins.kubernetes_version} / etcd {bins.etcd_version}"
+    print(f"{action} {versions} in {bins.bin_dir}")
+    for path in (bins.kube_apiserver, bins.kube_controller_manager, bins.etcd):
+        print(f"  {path.name:<24} {path.stat().st_size / 2**20:7.1f} MiB")
+    stamp = build.read_stamp() or {}
+    if stamp.get("seconds"):
+        recorded = ", ".join(f"{k} {v}s" for k, v in stamp["seconds"].items())
+        print(f"  recorded build timings: {recorded} (go {stamp.get('go', '?')})")
+    print(f"{len(crds)} CRD manifests in the Go module cache")
+    print(f"done in {elapsed:.1f}s")
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    from ungater.devcluster.detached import dev_cluster_up
+
+    return dev_cluster_up(args.state_dir)
+
+
+def _down(args: argparse.Namespace) -> int:
+    from ungater.devcluster.detached import dev_cluster_down
+
+    return dev_cluster_down(args.state_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ungater.devcluster",
+        description="Local Kubernetes control plane built from Go modules.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_build = sub.add_parser("build", help="build or reuse the binaries, fetch the CRDs")
+    p_build.add_argument(
+        "--no-build", action="store_true", help="only report; fail if nothing is cached"
+    )
+    p_build.set_defaults(func=_build)
+    for name, func, text in (
+        ("up", _up, "start a detached dev cluster (idempotent)"),
+        ("down", _down, "stop the detached dev cluster"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument(
+            "--state-dir", type=Path, default=None, help="default ~/.cache/ungater/dev-cluster"
+        )
+        p.set_defaults(func=func)
+    args = parser.parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""A long-lived dev cluster for manual work: ``python -m ungater.devcluster up|down``.
+
+Unlike the test fixture, these processes outlive the Python process that started them.  Their
+pids, ports and command lines are recorded in ``<state_dir>/pids.json`` so that ``down`` (from
+another shell, later) can stop exactly them, and ``up`` can tell that the cluster is already
+running instead of starting a second one.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import shutil
+import ssl
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["default_state_dir", "dev_cluster_down", "dev_cluster_status", "dev_cluster_up"]
+
+_PIDS = "pids.json"
+
+
+def default_state_dir() -> Path:
+    return Path.home() / ".cache" / "ungater" / "dev-cluster"
+
+
+def _read_record(state_dir: Path) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads((state_dir / _PIDS).read_text())
+    except (OSError, ValueError):
+        return None
+    return data
+
+
+def _is_our_process(pid: int, executable: str) -> bool:
+    """True if ``pid`` is alive and still runs ``executable`` (guards against pid reuse)."""
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0].decode()
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except (OSError, IndexError, UnicodeDecodeError):
+        return False
+    return state != "Z" and argv0 == executable
+
+
+def _readyz(state_dir: Path, record: dict[str, Any]) -> bool:
+    pki = state_dir / "pki"
+    try:
+        context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        conn = http.client.HTTPSConnection(
+            "127.0.0.1", int(record["apiserver_port"]), timeout=3, context=context
+        )
+        try:
+            conn.request("GET", "/readyz")
+            response = conn.getresponse()
+            response.read()
+            return response.status == 200
+        finally:
+            conn.close()
+    except (OSError, KeyError, ValueError, http.client.HTTPException, ssl.SSLError):
+        return False
+
+
+def dev_cluster_status(state_dir: Path | None = None) -> str:
+    """``running``, ``stopped`` or ``broken`` (some recorded process alive, API not ready)."""
+    directory = state_dir or default_state_dir()
+    record = _read_record(directory)
+    if record is None:
+        return "stopped"
+    procs = record.get("processes", {})
+    alive = [n for n, p in procs.items() if _is_our_process(int(p["pid"]), p["args"][0])]
+    if not alive:
+        return "stopped"
+    if len(alive) == len(procs) and _readyz(directory, record):
+        return "running"
+    return "broken"
+
+
+def _usage(directory: Path, record: dict[str, Any]) -> str:
+    kubeconfig = directory / "kubeconfig"
+    lines = [
+        f"kube-apiserver {record.get('kubernetes_version', '')} at {record.get('server_url')}",
+        f"state and logs: {directory}",
+        "use it with:",
+        f"  export KUBECONFIG={kubeconfig}",
+        "  ungater run",
+        "stop it with:",
+        f"  python -m ungater.devcluster down --state-dir {directory}",
+    ]
+    return "\n".join(lines)
+
+
+def dev_cluster_up(state_dir: Path | None = None) -> int:
+    """Start a detached dev cluster (or report the running one); returns an exit code."""
+    from ungater.devcluster.build import ControlPlaneUnavailable
+    from ungater.devcluster.cluster import ControlPlaneStartError, LocalControlPlane
+
+    directory = state_dir or default_state_dir()
+    status = dev_cluster_status(directory)
+    if status == "running":
+        record = _read_record(directory) or {}
+        print("dev cluster already running")
+        print(_usage(directory, record))
+        return 0
+    if status == "broken":
+        print("dev cluster half running; stopping what is left before starting anew")
+        dev_cluster_down(directory, quiet=True)
+    # A stopped cluster's state is stale (new ports, new certificates): start from scratch.
+    if directory.exists():
+        for child in ("etcd", "pki", "users", "logs", _PIDS, "kubeconfig"):
+            target = directory / child
+            if target.is_dir():
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                target.unlink(missing_ok=True)
+    directory.mkdir(parents=True, exist_ok=True)
+    plane = LocalControlPlane(state_dir=directory, detached=True)
+    try:
+        plane.start()
+    except (ControlPlaneUnavailable, ControlPlaneStartError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        print(f"logs: {directory / 'logs'}", file=sys.stderr)
+        return 1
+    record = {
+        "server_url": plane.server_url,
+        "apiserver_port": plane.apiserver_port,
+        "etcd_url": plane.etcd_url,
+        "kubernetes_version": plane.binaries.kubernetes_version,
+        "processes": {
+            name: {"pid": info.pid, "args": info.args, "log": str(info.log_path)}
+            for name, info in plane.processes.items()
+            if info.pid is not None
+        },
+    }
+    tmp = directory / f".{_PIDS}.tmp"
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.replace(directory / _PIDS)
+    print("dev cluster started")
+    print(_usage(directory, record))
+    return 0
+
+
+def dev_cluster_down(state_dir: Path | None = None, *, quiet: bool = False) -> int:
+    """Stop the processes recorded in ``pids.json`` (newest first); returns an exit code."""
+    from ungater.devcluster.cluster import terminate_pid
+
+    directory = state_dir or default_state_dir()
+    record = _read_record(directory)
+    if record is None:
+        if not quiet:
+            print(f"no dev cluster recorded in {directory}")
+        return 0
+    procs: dict[str, Any] = record.get("processes", {})
+    for name in reversed(list(procs)):
+        pid = int(procs[name]["pid"])
+        if _is_our_process(pid, procs[name]["args"][0]):
+            terminate_pid(pid)
+            if not quiet:
+                print(f"stopped {name} (pid {pid})")
+    (directory / _PIDS).unlink(missing_ok=True)
+    if not quiet:
+        print(f"dev cluster in {directory} is down")
+    return 0

@@ -1,0 +1,139 @@
+"""pytest fixtures giving a suite a real kube-apiserver: ``control_plane``, ``kube_namespace``.
+
+Registered through the ``pytest11`` entry point, so any suite that installs ungater (plugin
+authors' included) can request them.  Importing this module costs nothing beyond ``pytest``
+itself: the control plane machinery is imported only when a fixture is actually used, and a
+suite that never asks for the fixtures never builds or starts anything.
+
+When the binaries cannot be had, the fixture fails under ``CI=true`` (a CI that silently skips
+its integration tests is worse than a red one) and skips elsewhere, saying how to get them.
+``UNGATER_CONTROL_PLANE=skip`` forces the skip outside CI; ``UNGATER_CONTROL_PLANE=reuse``
+uses cached binaries only and never starts a (long) build.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from collections.abc import Generator, Iterator
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import pytest
+
+if TYPE_CHECKING:
+    from ungater.devcluster.cluster import LocalControlPlane
+
+__all__ = ["control_plane", "kube_namespace"]
+
+_HOW_TO_GET = (
+    "build the binaries once with `python -m ungater.devcluster build` "
+    "(needs Go and the Go module proxy; takes a while on first run)"
+)
+_ACTIVE: list[LocalControlPlane] = []
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}
+
+
+def _unavailable(reason: str) -> NoReturn:
+    if _in_ci():
+        pytest.fail(f"local control plane unavailable under CI=true: {reason}", pytrace=False)
+    pytest.skip(f"local control plane unavailable: {reason}; {_HOW_TO_GET}")
+
+
+@pytest.fixture(scope="session")
+def control_plane(request: pytest.FixtureRequest) -> Iterator[LocalControlPlane]:
+    """A started etcd + kube-apiserver + kube-controller-manager with the CRDs installed."""
+    mode = os.environ.get("UNGATER_CONTROL_PLANE", "").strip().lower()
+    if mode == "skip" and not _in_ci():
+        pytest.skip(f"UNGATER_CONTROL_PLANE=skip; {_HOW_TO_GET}")
+    try:
+        from ungater.devcluster.build import ControlPlaneUnavailable, ensure_binaries, find_binaries
+        from ungater.devcluster.cluster import ControlPlaneStartError, LocalControlPlane
+    except ImportError as exc:  # e.g. `cryptography` missing: the `devcluster` extra
+        missing = str(exc)
+    else:
+        missing = ""
+    if missing:
+        _unavailable(f"cannot import the control plane ({missing}); install ungater[devcluster]")
+
+    reason: str | None = None
+    binaries = find_binaries()
+    if binaries is None and mode == "reuse" and not _in_ci():
+        _unavailable("UNGATER_CONTROL_PLANE=reuse and no cached build")
+    if binaries is None:
+        capture: Any = request.config.pluginmanager.getplugin("capturemanager")
+        reporter: Any = request.config.pluginmanager.getplugin("terminalreporter")
+
+        def say(message: str) -> None:
+            if reporter is not None:
+                reporter.write_line(f"[ungater control plane] {message}")
+
+        try:
+            if capture is not None:
+                with capture.global_and_fixture_disabled():
+                    binaries = ensure_binaries(log=say)
+            else:
+                binaries = ensure_binaries(log=say)
+        except ControlPlaneUnavailable as exc:
+            reason = str(exc)
+    if binaries is None:
+        _unavailable(reason or "no binaries")
+
+    plane = LocalControlPlane(binaries)
+    failure: str | None = None
+    try:
+        plane.start()
+    except ControlPlaneUnavailable as exc:
+        reason = str(exc)
+    except ControlPlaneStartError as exc:
+        failure = str(exc)
+    if reason is not None:
+        _unavailable(reason)
+    if failure is not None:
+        pytest.fail(f"local control plane did not start: {failure}", pytrace=False)
+    _ACTIVE.append(plane)
+    try:
+        yield plane
+    finally:
+        _ACTIVE.remove(plane)
+        plane.stop()
+
+
+def _namespace_name(node_name: str) -> str:
+    stem = re.sub(r"[^a-z0-9-]+", "-", node_name.lower()).strip("-")[:40].strip("-")
+    return f"t-{stem or 'test'}-{secrets.token_hex(3)}"
+
+
+@pytest.fixture
+def kube_namespace(
+    control_plane: LocalControlPlane, request: pytest.FixtureRequest
+) -> Iterator[str]:
+    """A fresh namespace (its name) for one test, deleted afterwards."""
+    name = _namespace_name(request.node.name)
+    status, body = control_plane.request(
+        "POST",
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+    )
+    if status != 201:
+        pytest.fail(f"creating namespace {name}: HTTP {status}: {body}", pytrace=False)
+    try:
+        yield name
+    finally:
+        control_plane.request("DELETE", f"/api/v1/namespaces/{name}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, None]:
+    """Point a failed test that used the control plane at the process logs."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and _ACTIVE and "control_plane" in getattr(item, "fixturenames", ()):
+        report.sections.append(
+            ("ungater control plane logs", "\n".join(p.describe_failure() for p in _ACTIVE))
+        )

@@ -1,0 +1,60 @@
+"""Expectations: the pods we patched whose change the cache has not shown yet.
+
+Without them a reconcile that runs before the watch delivers our own patches would count those
+pods as still gated and release more than admitted. They are keyed by owner (stable across
+slice rollovers), cleared on every outcome (seen released, seen gone, patch refused), and
+expire after a timeout so that a lost watch event can never stall an owner for good.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, Iterable
+
+__all__ = ["Expectations"]
+
+
+class Expectations:
+    def __init__(self, timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout = timeout
+        self.clock = clock
+        self._by_key: dict[Hashable, dict[str, float]] = {}
+        self._key_of: dict[str, Hashable] = {}
+        self.expired_total = 0
+
+    def expect(self, key: Hashable, uids: Iterable[str]) -> None:
+        deadline = self.clock() + self.timeout
+        bucket = self._by_key.setdefault(key, {})
+        for uid in uids:
+            bucket[uid] = deadline
+            self._key_of[uid] = key
+
+    def observe(self, uid: str) -> Hashable | None:
+        """The pod was seen released or gone: drop it; return its key if one was waiting."""
+        key = self._key_of.pop(uid, None)
+        if key is None:
+            return None
+        bucket = self._by_key.get(key)
+        if bucket is not None:
+            bucket.pop(uid, None)
+            if not bucket:
+                del self._by_key[key]
+        return key
+
+    def pending(self, key: Hashable) -> frozenset[str]:
+        return frozenset(self._by_key.get(key, ()))
+
+    def expired(self, key: Hashable) -> frozenset[str]:
+        now = self.clock()
+        return frozenset(u for u, d in self._by_key.get(key, {}).items() if d <= now)
+
+    def next_deadline(self, key: Hashable) -> float | None:
+        bucket = self._by_key.get(key)
+        return min(bucket.values()) - self.clock() if bucket else None
+
+    def forget_key(self, key: Hashable) -> None:
+        for uid in self._by_key.pop(key, {}):
+            self._key_of.pop(uid, None)
+
+    def __len__(self) -> int:
+        return len(self._key_of)

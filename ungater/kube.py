@@ -1,0 +1,344 @@
+"""The client seam: a small protocol for the few API calls the controller makes, and its
+implementation on kubernetes-asyncio.
+
+Everything above this module sees raw JSON dicts and a handful of errors. Tests substitute an
+in-memory fake with the same protocol; production uses ``ApiClientKube``, which talks to the
+API server through kubernetes-asyncio's authenticated ``ApiClient`` but skips its model
+deserialisation (slow, memory-hungry, and lossy for custom resources).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import quote
+
+import aiohttp
+import anyio
+
+__all__ = [
+    "EVENTS",
+    "PODS",
+    "ApiClientKube",
+    "ApiError",
+    "GoneError",
+    "KubeClient",
+    "Resource",
+    "TokenBucket",
+    "connect",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """An API resource by group, version and plural name."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str = ""
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None = None, name: str | None = None) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if namespace and self.namespaced:
+            base += f"/namespaces/{quote(namespace, safe='')}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{quote(name, safe='')}"
+        return base
+
+
+PODS = Resource("", "v1", "pods", "Pod")
+EVENTS = Resource("", "v1", "events", "Event")
+
+
+class ApiError(Exception):
+    """The API server answered with an error status."""
+
+    def __init__(self, status: int, reason: str = "", body: str = "") -> None:
+        super().__init__(f"HTTP {status} {reason}".strip())
+        self.status = status
+        self.reason = reason
+        self.body = body
+
+
+class GoneError(ApiError):
+    """410 Gone: the resourceVersion is too old to watch from; relist."""
+
+    def __init__(self, reason: str = "resource version too old") -> None:
+        super().__init__(410, reason)
+
+
+class KubeClient(Protocol):
+    """The calls the controller needs. Objects are raw JSON dicts."""
+
+    async def list(
+        self, resource: Resource, namespace: str | None, label_selector: str = ""
+    ) -> tuple[list[dict[str, Any]], str]:
+        """All matching objects and the list's resourceVersion."""
+        ...
+
+    def watch(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        resource_version: str,
+        label_selector: str = "",
+        timeout_seconds: int = 300,
+        silence_seconds: float = 90.0,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Watch events ({"type", "object"}), with bookmarks. Raises GoneError on 410 and
+        TimeoutError when the stream is silent for longer than ``silence_seconds``."""
+        ...
+
+    async def get(
+        self, resource: Resource, namespace: str | None, name: str
+    ) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        ...
+
+    async def json_patch(
+        self, resource: Resource, namespace: str | None, name: str, ops: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Apply a JSON patch (RFC 6902); the patched object."""
+        ...
+
+    async def create(
+        self, resource: Resource, namespace: str | None, body: dict[str, Any]
+    ) -> dict[str, Any]: ...
+
+    async def served_versions(self, group: str) -> list[str]:
+        """The versions of an API group the server serves (empty if the group is unknown)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class TokenBucket:
+    """A client-side rate limit: ``qps`` tokens a second, at most ``burst`` saved up."""
+
+    def __init__(self, qps: float, burst: int) -> None:
+        self.qps = qps
+        self.burst = max(1, burst)
+        self._tokens = float(self.burst)
+        self._stamp = time.monotonic()
+        self._lock = anyio.Lock()
+
+    async def acquire(self) -> None:
+        async with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.qps)
+            self._stamp = now
+            if self._tokens < 1:
+                wait = (1 - self._tokens) / self.qps
+                await anyio.sleep(wait)
+                self._stamp = time.monotonic()
+                self._tokens = 0.0
+            else:
+                self._tokens -= 1
+
+
+class ApiClientKube:
+    """``KubeClient`` on a kubernetes-asyncio ``ApiClient`` (auth, TLS, kubeconfig handling)."""
+
+    def __init__(
+        self, api_client: Any, limiter: TokenBucket | None = None, request_timeout: float = 30.0
+    ) -> None:
+        self._api = api_client
+        self._limiter = limiter
+        self._timeout = request_timeout
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: Any = None,
+    ) -> aiohttp.ClientResponse:
+        if self._limiter is not None:
+            await self._limiter.acquire()
+        resp: aiohttp.ClientResponse = await self._api.call_api(
+            path,
+            method,
+            query_params=query or [],
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _return_http_data_only=True,
+            _request_timeout=timeout if timeout is not None else self._timeout,
+        )
+        return resp
+
+    @staticmethod
+    async def _json(resp: aiohttp.ClientResponse) -> dict[str, Any]:
+        raw = await resp.read()
+        if resp.status >= 400:
+            text = raw.decode("utf-8", "replace")
+            reason = resp.reason or ""
+            with contextlib.suppress(ValueError, AttributeError):
+                reason = json.loads(text).get("message", reason)
+            if resp.status == 410:
+                raise GoneError(reason)
+            raise ApiError(resp.status, reason, text)
+        data: dict[str, Any] = json.loads(raw)
+        return data
+
+    async def list(
+        self, resource: Resource, namespace: str | None, label_selector: str = ""
+    ) -> tuple[list[dict[str, Any]], str]:
+        items: list[dict[str, Any]] = []
+        cont = ""
+        while True:  # bounded by the server's pages: each answer moves `continue` forward
+            query = [("limit", "500")]
+            if label_selector:
+                query.append(("labelSelector", label_selector))
+            if cont:
+                query.append(("continue", cont))
+            data = await self._json(await self._request("GET", resource.path(namespace), query))
+            for item in data.get("items") or ():
+                # list items lack kind/apiVersion; put them back so views are self-describing
+                item.setdefault("apiVersion", resource.api_version)
+                item.setdefault("kind", resource.kind)
+                items.append(item)
+            meta = data.get("metadata") or {}
+            cont = meta.get("continue") or ""
+            if not cont:
+                return items, str(meta.get("resourceVersion", ""))
+
+    async def watch(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        resource_version: str,
+        label_selector: str = "",
+        timeout_seconds: int = 300,
+        silence_seconds: float = 90.0,
+    ) -> AsyncIterator[dict[str, Any]]:
+        query = [
+            ("watch", "1"),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(timeout_seconds)),
+        ]
+        if resource_version:
+            query.append(("resourceVersion", resource_version))
+        if label_selector:
+            query.append(("labelSelector", label_selector))
+        timeout = aiohttp.ClientTimeout(total=None, connect=self._timeout, sock_read=None)
+        resp = await self._request("GET", resource.path(namespace), query, timeout=timeout)
+        try:
+            if resp.status >= 400:
+                await self._json(resp)
+            buf = b""
+            while True:  # ends when the server closes the stream (timeoutSeconds) or on silence
+                with anyio.fail_after(silence_seconds):
+                    chunk = await resp.content.readany()
+                if not chunk:
+                    return
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    if event.get("type") == "ERROR":
+                        status = event.get("object") or {}
+                        if status.get("code") == 410:
+                            raise GoneError(str(status.get("message", "")))
+                        raise ApiError(
+                            int(status.get("code") or 500), str(status.get("message", ""))
+                        )
+                    yield event
+        finally:
+            resp.release()
+            resp.close()
+
+    async def get(
+        self, resource: Resource, namespace: str | None, name: str
+    ) -> dict[str, Any] | None:
+        try:
+            return await self._json(await self._request("GET", resource.path(namespace, name)))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def json_patch(
+        self, resource: Resource, namespace: str | None, name: str, ops: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        resp = await self._request(
+            "PATCH",
+            resource.path(namespace, name),
+            body=ops,
+            content_type="application/json-patch+json",
+        )
+        return await self._json(resp)
+
+    async def create(
+        self, resource: Resource, namespace: str | None, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        return await self._json(await self._request("POST", resource.path(namespace), body=body))
+
+    async def served_versions(self, group: str) -> list[str]:
+        try:
+            data = await self._json(await self._request("GET", f"/apis/{group}"))
+        except ApiError as exc:
+            if exc.status == 404:
+                return []
+            raise
+        return [str(v["version"]) for v in data.get("versions") or () if "version" in v]
+
+    async def close(self) -> None:
+        await self._api.close()
+
+
+async def connect(
+    kubeconfig: str | Path | None = None,
+    context: str | None = None,
+    qps: float = 200.0,
+    burst: int = 400,
+    request_timeout: float = 30.0,
+    pool_size: int = 100,
+) -> ApiClientKube:
+    """A client from ``kubeconfig``, else $KUBECONFIG or ~/.kube/config, else in-cluster config."""
+    from kubernetes_asyncio import client, config
+
+    cfg = client.Configuration()
+    path = kubeconfig or os.environ.get("KUBECONFIG") or None
+    default = Path.home() / ".kube" / "config"
+    if path is None and default.exists():
+        path = default
+    if path is not None:
+        await config.load_kube_config(
+            config_file=str(path), context=context, client_configuration=cfg
+        )
+    else:
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except config.ConfigException as exc:
+            raise RuntimeError(
+                "no kubeconfig found (give --kubeconfig, set KUBECONFIG or create "
+                f"~/.kube/config) and not running in a cluster: {exc}"
+            ) from exc
+    cfg.connection_pool_maxsize = pool_size
+    api = client.ApiClient(configuration=cfg)
+    return ApiClientKube(api, TokenBucket(qps, burst), request_timeout)
+
+
+def compact(obj: Mapping[str, Any]) -> str:
+    """A short description of an object for log lines."""
+    meta = obj.get("metadata") or {}
+    return f"{obj.get('kind', '?')} {meta.get('namespace', '')}/{meta.get('name', '?')}"
