@@ -156,7 +156,7 @@ class FakeKube:
 
     # -- KubeClient -------------------------------------------------------------------------
 
-    async def list(
+    async def list_objects(
         self, resource: Resource, namespace: str | None, label_selector: str = ""
     ) -> tuple[list[dict[str, Any]], str]:
         self.requests += 1

@@ -214,7 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return COMMANDS[args.command](args)
+        code: int = COMMANDS[args.command](args)
+        return code
     except CliError as exc:
         if args.debug:
             raise

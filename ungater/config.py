@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 __all__ = ["DEFAULT_GATE", "Config", "ConfigError", "KindConfig", "load_config"]
 
 DEFAULT_GATE = "kueue.x-k8s.io/elastic-job"
+WorkloadVersion = Literal["v1beta2", "v1beta1"]
+_WORKLOAD_VERSIONS: tuple[WorkloadVersion, ...] = ("v1beta2", "v1beta1")
 _BUILTIN_KINDS = (("batch", "Job"), ("jobset.x-k8s.io", "JobSet"), ("ray.io", "RayCluster"))
 
 
@@ -74,8 +76,8 @@ class Config(_Model):
     )
     namespaces: list[str] = Field(default_factory=list, description="Empty: all namespaces.")
     require_elastic_annotation: bool = Field(default=True, alias="requireElasticAnnotation")
-    workload_api_versions: list[Literal["v1beta2", "v1beta1"]] = Field(
-        default_factory=lambda: ["v1beta2", "v1beta1"], alias="workloadApiVersions", min_length=1
+    workload_api_versions: list[WorkloadVersion] = Field(
+        default_factory=lambda: list(_WORKLOAD_VERSIONS), alias="workloadApiVersions", min_length=1
     )
     workers: int = Field(default=4, ge=1, le=256)
     expectations_timeout_seconds: float = Field(

@@ -47,7 +47,7 @@ async def explain(
         handler = registry.handler(kind, kc.plugin)
     except LookupError as exc:
         raise StartupError(str(exc)) from exc
-    items, _ = await client.list(res, namespace)
+    items, _ = await client.list_objects(res, namespace)
     slices = [
         w
         for w in (parse_workload(i) for i in items)
@@ -56,12 +56,12 @@ async def explain(
     owner = owner_of(slices) or target.owner
     objects: dict[str, ObjectView] = {}
     for spec in handler.spec.intermediates:
-        found, _ = await client.list(
+        found, _ = await client.list_objects(
             Resource(spec.group, spec.version, spec.plural, spec.kind), namespace, spec.label_selector
         )
         objects.update((o.uid, o) for o in map(parse_object, found))
     selector = handler.pod_selector(owner)
-    raw_pods, _ = await client.list(PODS, namespace, ",".join(f"{k}={v}" for k, v in selector.items()))
+    raw_pods, _ = await client.list_objects(PODS, namespace, ",".join(f"{k}={v}" for k, v in selector.items()))
     pods = [parse_pod(p) for p in raw_pods]
     gate = config.gate_for(kc)
     decision = decide(slices, pod_facts(handler, owner, pods, objects), gate)

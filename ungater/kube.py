@@ -83,7 +83,7 @@ class GoneError(ApiError):
 class KubeClient(Protocol):
     """The calls the controller needs. Objects are raw JSON dicts."""
 
-    async def list(
+    async def list_objects(
         self, resource: Resource, namespace: str | None, label_selector: str = ""
     ) -> tuple[list[dict[str, Any]], str]:
         """All matching objects and the list's resourceVersion."""
@@ -197,7 +197,7 @@ class ApiClientKube:
         data: dict[str, Any] = json.loads(raw)
         return data
 
-    async def list(
+    async def list_objects(
         self, resource: Resource, namespace: str | None, label_selector: str = ""
     ) -> tuple[list[dict[str, Any]], str]:
         items: list[dict[str, Any]] = []
@@ -327,7 +327,7 @@ async def connect(
         )
     else:
         try:
-            config.load_incluster_config(client_configuration=cfg)
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         except config.ConfigException as exc:
             raise RuntimeError(
                 "no kubeconfig found (give --kubeconfig, set KUBECONFIG or create "

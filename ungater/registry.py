@@ -188,7 +188,7 @@ class PluginRegistry:
         ]
         for impl in impls:
             try:
-                kinds = list(impl.function())
+                kinds = list(impl.function())  # type: ignore[call-overload]
                 if not all(isinstance(k, KindSpec) for k in kinds):
                     raise TypeError(f"expected KindSpec items, got {kinds!r}")
             except Exception as exc:

@@ -6,7 +6,7 @@ import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from podfactory import (
+from tests.unit.podfactory import (
     GATE,
     TAS_GATE,
     facts,

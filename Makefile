@@ -1,0 +1,43 @@
+# Two entry points: `make test` (everything CI runs) and `make demo` (the narrated scenario on a
+# local control plane). Both set themselves up from nothing: venv, package, control plane build.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: test demo install control-plane lint unit integration bench-smoke clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml examples/ungater-leaderworkerset/pyproject.toml
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e examples/ungater-leaderworkerset
+	touch $(STAMP)
+
+install: $(STAMP)
+
+control-plane: $(STAMP)
+	$(BIN)/python -m ungater.devcluster build
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit examples/ungater-leaderworkerset/tests -q
+
+integration: control-plane
+	$(BIN)/python -m pytest tests/integration -q
+
+test: control-plane lint
+	$(BIN)/python -m pytest tests examples/ungater-leaderworkerset/tests -q
+
+demo: control-plane
+	$(BIN)/ungater demo
+
+clean:
+	rm -rf $(VENV) build *.egg-info
