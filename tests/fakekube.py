@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 
 from ungater.kube import ApiError, GoneError, Resource
 
@@ -139,7 +140,11 @@ class FakeKube:
 
     def items(self, resource: Resource, ns: str | None = None) -> list[dict[str, Any]]:
         rk = self._rkey(resource)
-        return [copy.deepcopy(o) for k, o in self.objects.items() if k[:2] == rk and (ns is None or k[2] == ns)]
+        return [
+            copy.deepcopy(o)
+            for k, o in self.objects.items()
+            if k[:2] == rk and (ns is None or k[2] == ns)
+        ]
 
     def compact(self) -> None:
         """Forget history: watches from an older resourceVersion get 410 Gone."""
@@ -152,7 +157,9 @@ class FakeKube:
 
     def bookmark(self) -> None:
         for *_, q in self._watchers:
-            q.put_nowait({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": str(self.rv)}}})
+            q.put_nowait(
+                {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": str(self.rv)}}}
+            )
 
     # -- KubeClient -------------------------------------------------------------------------
 
@@ -160,9 +167,10 @@ class FakeKube:
         self, resource: Resource, namespace: str | None, label_selector: str = ""
     ) -> tuple[list[dict[str, Any]], str]:
         self.requests += 1
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
         out = [
-            o for o in self.items(resource, namespace)
+            o
+            for o in self.items(resource, namespace)
             if _match(o["metadata"].get("labels") or {}, label_selector)
         ]
         return out, str(self.rv)
@@ -184,7 +192,12 @@ class FakeKube:
         rk = self._rkey(resource)
         for rv, hk, ns, event in self.history:
             labels = event["object"].get("metadata", {}).get("labels") or {}
-            if rv > start and hk == rk and (namespace is None or ns == namespace) and _match(labels, label_selector):
+            if (
+                rv > start
+                and hk == rk
+                and (namespace is None or ns == namespace)
+                and _match(labels, label_selector)
+            ):
                 q.put_nowait(event)
         entry = (rk, namespace, label_selector, q)
         self._watchers.append(entry)
@@ -199,9 +212,11 @@ class FakeKube:
         finally:
             self._watchers.remove(entry)
 
-    async def get(self, resource: Resource, namespace: str | None, name: str) -> dict[str, Any] | None:
+    async def get(
+        self, resource: Resource, namespace: str | None, name: str
+    ) -> dict[str, Any] | None:
         self.requests += 1
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
         return self.read(resource, namespace or "", name)
 
     async def json_patch(
@@ -212,7 +227,7 @@ class FakeKube:
             result = self.before_patch(namespace or "", name)
             if asyncio.iscoroutine(result):
                 await result
-        await anyio.sleep(0)
+        await anyio.lowlevel.checkpoint()
         key = (*self._rkey(resource), namespace or "", name)
         obj = self.objects.get(key)
         if obj is None:
@@ -227,7 +242,9 @@ class FakeKube:
         body = copy.deepcopy(body)
         body.setdefault("metadata", {}).setdefault("namespace", namespace or "")
         if not body["metadata"].get("name"):
-            body["metadata"]["name"] = f"{body['metadata'].get('generateName', 'obj-')}{uuid.uuid4().hex[:5]}"
+            body["metadata"]["name"] = (
+                f"{body['metadata'].get('generateName', 'obj-')}{uuid.uuid4().hex[:5]}"
+            )
         return self.put(resource, body)
 
     async def served_versions(self, group: str) -> list[str]:

@@ -116,7 +116,9 @@ def workload(
         },
         "spec": {
             "queueName": "user-queue",
-            "podSets": [{"name": pod_set, "count": count, "template": {"spec": {"containers": []}}}],
+            "podSets": [
+                {"name": pod_set, "count": count, "template": {"spec": {"containers": []}}}
+            ],
         },
     }
     conditions = []

@@ -12,7 +12,10 @@ T = TypeVar("T")
 
 
 async def eventually(
-    probe: Callable[[], T | Awaitable[T]], timeout: float = 10.0, interval: float = 0.02, what: str = ""
+    probe: Callable[[], T | Awaitable[T]],
+    timeout: float = 10.0,
+    interval: float = 0.02,
+    what: str = "",
 ) -> T:
     """Return the first truthy result of ``probe``; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -25,7 +28,9 @@ async def eventually(
             return result
         last = result
         await anyio.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what or probe!r}; last: {last!r}")
+    raise AssertionError(
+        f"timed out after {timeout}s waiting for {what or probe!r}; last: {last!r}"
+    )
 
 
 async def holds_for(

@@ -292,6 +292,31 @@ class ApiClientKube:
     ) -> dict[str, Any]:
         return await self._json(await self._request("POST", resource.path(namespace), body=body))
 
+    async def merge_patch(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        body: dict[str, Any],
+        subresource: str = "",
+    ) -> dict[str, Any]:
+        """A JSON merge patch (RFC 7386), optionally on a subresource such as ``status``."""
+        path = resource.path(namespace, name) + (f"/{subresource}" if subresource else "")
+        resp = await self._request(
+            "PATCH", path, body=body, content_type="application/merge-patch+json"
+        )
+        return await self._json(resp)
+
+    async def delete(self, resource: Resource, namespace: str | None, name: str) -> bool:
+        """Delete an object; False if it was already gone."""
+        try:
+            await self._json(await self._request("DELETE", resource.path(namespace, name)))
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
     async def served_versions(self, group: str) -> list[str]:
         try:
             data = await self._json(await self._request("GET", f"/apis/{group}"))

@@ -148,8 +148,13 @@ def _pod(
     if gates:
         spec["schedulingGates"] = [{"name": g} for g in gates]
     spec.update(spec_extra or {})
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec,
-            "status": _status(phase, bool(gates), created)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": spec,
+        "status": _status(phase, bool(gates), created),
+    }
 
 
 def _status(phase: str, gated: bool, created: float) -> Obj:
@@ -179,8 +184,7 @@ def release(pod: Mapping[str, Any], phase: str = "Running") -> Obj:
     """The same pod after its gate was removed and it was scheduled (or finished)."""
     out = copy.deepcopy(dict(pod))
     out["spec"].pop("schedulingGates", None)
-    created = 0.0
-    out["status"] = _status(phase, False, created)
+    out["status"] = _status(phase, gated=False, created=0)
     return out
 
 
@@ -268,8 +272,13 @@ def job(
             },
         },
     }
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec,
-            "status": {"active": 0, "ready": 0, "terminating": 0}}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta,
+        "spec": spec,
+        "status": {"active": 0, "ready": 0, "terminating": 0},
+    }
 
 
 def job_pod(
@@ -377,7 +386,8 @@ def jobset_child_job(
     js_meta = owner_jobset["metadata"]
     js_name = js_meta["name"]
     replicas = next(
-        rj["replicas"] for rj in owner_jobset["spec"]["replicatedJobs"]
+        rj["replicas"]
+        for rj in owner_jobset["spec"]["replicatedJobs"]
         if rj["name"] == replicated_job
     )
     job_name = f"{js_name}-{replicated_job}-{job_index}"
@@ -589,8 +599,13 @@ def workload(
         }
         for ctype in ("QuotaReserved", "Admitted"):
             conditions.append(
-                {"type": ctype, "status": "True", "reason": ctype, "message": "",
-                 "lastTransitionTime": ts(created + 1)}
+                {
+                    "type": ctype,
+                    "status": "True",
+                    "reason": ctype,
+                    "message": "",
+                    "lastTransitionTime": ts(created + 1),
+                }
             )
     if finished:
         conditions.append({"type": "Finished", "status": "True", "reason": "WorkloadSliceReplaced"})
@@ -602,8 +617,10 @@ def workload(
         "metadata": meta,
         "spec": {
             "queueName": QUEUE,
-            "podSets": [{"name": ps, "count": count, "template": {"spec": {}}}
-                        for ps, count in pod_sets.items()],
+            "podSets": [
+                {"name": ps, "count": count, "template": {"spec": {}}}
+                for ps, count in pod_sets.items()
+            ],
         },
         "status": status,
     }

@@ -26,7 +26,9 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.strip() == f"ungater {__version__}"
 
 
-def test_check_config_prints_effective_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_config_prints_effective_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     f = tmp_path / "c.yaml"
     f.write_text("gate: example.com/mine\nnamespaces: [a, b]\n")
     assert main(["check-config", str(f)]) == 0

@@ -9,10 +9,19 @@ from typing import Any
 
 import anyio
 import pytest
-
 import ungater_plugins.job as job_plugin
+
 from tests.fakekube import FakeKube
-from tests.objects import GATE, PODS, WORKLOADS, gates_of, job, job_pod, ungated, workload, with_phase
+from tests.objects import (
+    GATE,
+    PODS,
+    WORKLOADS,
+    gates_of,
+    job_pod,
+    ungated,
+    with_phase,
+    workload,
+)
 from tests.polling import eventually, holds_for
 from ungater.config import Config
 from ungater.controller import Controller, StartupError
@@ -56,17 +65,24 @@ def pods(fake: FakeKube) -> list[dict[str, Any]]:
 
 
 def released_indexes(fake: FakeKube) -> list[int]:
-    return sorted(int(p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"])
-                  for p in ungated(pods(fake)))
+    return sorted(
+        int(p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"])
+        for p in ungated(pods(fake))
+    )
 
 
 def live_released(fake: FakeKube) -> int:
-    return sum(1 for p in ungated(pods(fake))
-               if p["status"]["phase"] not in ("Succeeded", "Failed"))
+    return sum(
+        1 for p in ungated(pods(fake)) if p["status"]["phase"] not in ("Succeeded", "Failed")
+    )
 
 
 def setup_job(fake: FakeKube, n: int, name: str = "train") -> dict[str, Any]:
-    owner = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"}}
+    owner = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
+    }
     for i in reversed(range(n)):  # created out of order: order must come from the index
         fake.put(PODS, job_pod(owner, i))
     return owner
@@ -106,9 +122,16 @@ async def test_scale_up_through_a_replacement_slice() -> None:
         await eventually(lambda: released_indexes(fake) == [0, 1, 2, 3])
         for i in (4, 5):
             fake.put(PODS, job_pod(owner, i))
-        fake.put(WORKLOADS, workload(owner, "train-b", count=6, replaces="train-a", slice_name="train-a"))
+        fake.put(
+            WORKLOADS, workload(owner, "train-b", count=6, replaces="train-a", slice_name="train-a")
+        )
         await holds_for(lambda: live_released(fake) == 4, 0.2, what="new pods wait for admission")
-        fake.put(WORKLOADS, workload(owner, "train-b", count=6, admitted=6, replaces="train-a", slice_name="train-a"))
+        fake.put(
+            WORKLOADS,
+            workload(
+                owner, "train-b", count=6, admitted=6, replaces="train-a", slice_name="train-a"
+            ),
+        )
         fake.put(WORKLOADS, workload(owner, "train-a", count=4, admitted=4, finished=True))
         await eventually(lambda: released_indexes(fake) == [0, 1, 2, 3, 4, 5])
 
@@ -154,7 +177,11 @@ async def test_foreign_pod_with_copied_labels_is_never_released() -> None:
 @pytest.mark.anyio
 async def test_only_our_gate_is_removed() -> None:
     fake = FakeKube()
-    owner = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "t", "namespace": NS, "uid": "u-t"}}
+    owner = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "t", "namespace": NS, "uid": "u-t"},
+    }
     fake.put(PODS, job_pod(owner, 0, gates=["example.com/other", GATE, "example.com/third"]))
     fake.put(WORKLOADS, workload(owner, "t-a", count=1, admitted=1))
     async with running(fake):
@@ -252,7 +279,9 @@ async def test_malformed_workload_is_skipped_and_others_work() -> None:
     async with running(fake) as ctl:
         await eventually(lambda: len(fake.patches) == 2)
         await holds_for(lambda: len(fake.patches) == 2, 0.2)
-        assert {n for _, n, _ in fake.patches} == {job_pod(good, i)["metadata"]["name"] for i in (0, 1)}
+        assert {n for _, n, _ in fake.patches} == {
+            job_pod(good, i)["metadata"]["name"] for i in (0, 1)
+        }
         assert ctl.stats.reconcile_errors == 0
 
 

@@ -20,28 +20,39 @@ from ungater.model import WorkloadView, parse_pod, parse_workload
 from ungater.plugin_api import ReleaseGroup
 
 POD_SETS = ("main", "workers")
-SETTINGS = settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # -- strategies -----------------------------------------------------------------------------
 
-count_values = st.one_of(
-    st.integers(min_value=0, max_value=6),
-    st.sampled_from([-1, "3", None, True, _ABSENT]),  # None / _ABSENT: see builders.workload
+_valid = [2, 3, 1, 4, 2, 3, 5, 6, 1, 2, 0]
+# spec counts: _ABSENT leaves the key out; admitted counts: None leaves the count out
+spec_counts = st.sampled_from([*_valid * 4, -1, "3", True, _ABSENT])
+admitted_counts = st.sampled_from([*_valid * 3, -1, "3", True, None, None, None])
+pod_set_lists = st.sampled_from([["main"], ["main"], ["main", "workers"], ["workers", "main"], ["workers"]])
+admission_kinds = st.sampled_from(["full"] * 8 + ["partial", "none"])
+condition_statuses = (
+    ("QuotaReserved", st.sampled_from(["True", "False", None])),
+    ("Admitted", st.sampled_from(["True", "True", "True", "False", None])),
+    ("Finished", st.sampled_from([None, None, None, "False", "True"])),
+    ("Evicted", st.sampled_from([None, None, None, "False", "True"])),
 )
+timestamps = st.integers(min_value=0, max_value=2)
+links_by_n = {
+    n: [st.sampled_from([None, "gone", *(f"wl-{j}" for j in range(n) if j != i)]) for i in range(n)]
+    for n in range(1, 5)
+}
+uid_perms = {n: st.permutations([f"u{i}" for i in range(n)]) for n in range(1, 5)}
 
 
 @st.composite
 def slice_chains(draw: st.DrawFn) -> list[WorkloadView]:
     n = draw(st.integers(min_value=1, max_value=4))
-    names = [f"wl-{i}" for i in range(n)]
-    uids = draw(st.permutations([f"u{i}" for i in range(n)]))
+    uids = draw(uid_perms[n])
     out = []
-    for i, name in enumerate(names):
-        sets = draw(st.lists(st.sampled_from(POD_SETS), min_size=1, max_size=2, unique=True))
-        pod_sets = {s: draw(count_values.filter(lambda v: v is not None)) for s in sets}
-        admission = draw(st.sampled_from(["full", "partial", "none"]))
+    for i in range(n):
+        sets = draw(pod_set_lists)
+        pod_sets = {s: draw(spec_counts) for s in sets}
+        admission = draw(admission_kinds)
         admitted: Any
         if admission == "none":
             admitted = None
@@ -50,60 +61,63 @@ def slice_chains(draw: st.DrawFn) -> list[WorkloadView]:
             for s in sets:
                 if admission == "partial" and draw(st.booleans()):
                     continue  # pod set missing from admission
-                v = draw(count_values.filter(lambda v: v is not _ABSENT))
-                admitted[s] = v  # None: count absent
+                admitted[s] = draw(admitted_counts)
         conds: list[Any] = []
-        for kind, weights in (
-            ("QuotaReserved", ["True", "False", None]),
-            ("Admitted", ["True", "True", "False", None]),
-            ("Finished", ["True", "False", None, None]),
-            ("Evicted", ["True", "False", None, None]),
-        ):
-            status = draw(st.sampled_from(weights))
+        for kind, statuses in condition_statuses:
+            status = draw(statuses)
             if status is not None:
                 conds.append((kind, status))
-        link = draw(st.sampled_from([None, "gone", *names[:i], *names[i + 1 :]]))
         raw = workload(
-            name,
+            f"wl-{i}",
             uid=uids[i],
-            created=draw(st.integers(min_value=0, max_value=2)),
+            created=draw(timestamps),
             pod_sets=pod_sets,
             admitted=admitted,
             conditions=conds,
-            replacement_for=link,
+            replacement_for=draw(links_by_n[n][i]),
         )
         out.append(parse_workload(raw))
     return out
 
 
-sort_key_items = st.one_of(st.integers(min_value=-2, max_value=5), st.sampled_from(["a", "b", "0"]))
+sort_keys = st.lists(
+    st.one_of(st.integers(min_value=-2, max_value=5), st.sampled_from(["a", "b", "0"])),
+    max_size=2,
+).map(tuple)
+group_sizes = st.sampled_from([None, 2, 1, 3])
+one_pod = st.tuples(
+    st.sampled_from(["main"] * 10 + ["workers"] * 6 + ["ghost", None]),  # pod set
+    st.sampled_from([(), (GATE,), (GATE,), (GATE,), (GATE,), (TOPOLOGY_GATE, GATE), (TOPOLOGY_GATE,)]),
+    st.sampled_from(["Pending"] * 4 + ["Running", "Succeeded", "Failed"]),  # phase
+    st.sampled_from([False] * 9 + [True]),  # deleting
+    st.integers(min_value=0, max_value=3),  # created
+    st.sampled_from([None] * 6 + ["g0", "g1", "g2"]),  # group key
+    st.sampled_from([Ownership.PROVEN] * 10 + [Ownership.FOREIGN, Ownership.UNRESOLVED]),
+    sort_keys,
+)
+
+
+pod_lists = st.lists(one_pod, max_size=14)
+in_flight_picks = st.sampled_from([False] * 6 + [True])
 
 
 @st.composite
 def pod_facts(draw: st.DrawFn) -> list[PodFacts]:
-    n = draw(st.integers(min_value=0, max_value=12))
-    group_sizes = {f"g{i}": draw(st.sampled_from([None, 1, 2, 3])) for i in range(3)}
+    sizes = {f"g{i}": draw(group_sizes) for i in range(3)}
     out = []
-    for i in range(n):
-        pod_set = draw(st.sampled_from([*POD_SETS, *POD_SETS, "ghost", None]))
-        gates = draw(
-            st.sampled_from([(), (GATE,), (GATE,), (GATE,), (TOPOLOGY_GATE, GATE), (TOPOLOGY_GATE,)])
-        )
+    for i, (pod_set, gates, phase, deleting, created, gkey, ownership, key) in enumerate(
+        draw(pod_lists)
+    ):
         raw = pod(
             f"p{i}",
             uid=f"uid-p{i}",
             gates=gates,
-            phase=draw(st.sampled_from(["Pending", "Pending", "Running", "Succeeded", "Failed"])),
-            deleting=draw(st.booleans()),
-            created=draw(st.integers(min_value=0, max_value=3)),
+            phase=phase,
+            deleting=deleting,
+            created=created,
             pod_set=pod_set,
         )
-        gkey = draw(st.sampled_from([None, None, "g0", "g1", "g2"]))
-        group = ReleaseGroup(gkey, group_sizes[gkey]) if gkey else None
-        ownership = draw(
-            st.sampled_from([Ownership.PROVEN] * 4 + [Ownership.FOREIGN, Ownership.UNRESOLVED])
-        )
-        key = tuple(draw(st.lists(sort_key_items, max_size=2)))
+        group = ReleaseGroup(gkey, sizes[gkey]) if gkey else None
         out.append(PodFacts(parse_pod(raw), pod_set, key, group, ownership))
     return out
 
@@ -120,7 +134,8 @@ def scenarios(draw: st.DrawFn) -> Scenario:
     slices = draw(slice_chains())
     pods = draw(pod_facts())
     uids = [f.pod.uid for f in pods]
-    flying = draw(st.sets(st.sampled_from(uids))) if uids else set()
+    picks = draw(st.lists(in_flight_picks, min_size=len(uids), max_size=len(uids)))
+    flying = {u for u, pick in zip(uids, picks, strict=True) if pick}
     if draw(st.booleans()):
         flying = set(flying) | {"uid-not-a-pod"}
     return Scenario(slices, pods, frozenset(flying))
@@ -166,10 +181,7 @@ def _members(s: Scenario, active: WorkloadView, name: str) -> list[PodFacts]:
 
 def _eligible(f: PodFacts, s: Scenario) -> bool:
     return (
-        _gated(f)
-        and _live(f)
-        and f.ownership is Ownership.PROVEN
-        and f.pod.uid not in s.in_flight
+        _gated(f) and _live(f) and f.ownership is Ownership.PROVEN and f.pod.uid not in s.in_flight
     )
 
 
@@ -193,10 +205,7 @@ def _released_in(d: Decision, name: str) -> list[PodFacts]:
 # -- properties ----------------------------------------------------------------------------------
 
 
-@SETTINGS
-@given(scenarios())
-def test_never_exceeds_the_cap(s: Scenario) -> None:
-    d = decide(s.slices, s.pods, GATE, s.in_flight)
+def _check_never_exceeds_the_cap(s: Scenario, d: Decision) -> None:
     active = _active(s, d)
     if active is None:
         assert d.releases == ()
@@ -218,10 +227,7 @@ def test_never_exceeds_the_cap(s: Scenario) -> None:
     assert len(d.releases) == sum(len(r.chosen) for r in d.pod_sets)
 
 
-@SETTINGS
-@given(scenarios())
-def test_only_eligible_pods_are_released(s: Scenario) -> None:
-    d = decide(s.slices, s.pods, GATE, s.in_flight)
+def _check_only_eligible_pods_are_released(s: Scenario, d: Decision) -> None:
     by_uid = {f.pod.uid: f for f in s.pods}
     active = _active(s, d)
     uids = [r.pod.uid for r in d.releases]
@@ -237,16 +243,6 @@ def test_only_eligible_pods_are_released(s: Scenario) -> None:
         assert f.pod.gates[r.gate_index] == GATE
 
 
-@SETTINGS
-@given(scenarios())
-def test_idempotent_with_in_flight(s: Scenario) -> None:
-    d = decide(s.slices, s.pods, GATE, s.in_flight)
-    released = {r.pod.uid for r in d.releases}
-    again = decide(s.slices, s.pods, GATE, s.in_flight | released)
-    assert again.releases == ()
-    assert again.active_slice == d.active_slice
-
-
 def _caught_up(s: Scenario, released: set[str]) -> list[PodFacts]:
     out = []
     for f in s.pods:
@@ -257,39 +253,20 @@ def _caught_up(s: Scenario, released: set[str]) -> list[PodFacts]:
     return out
 
 
-@SETTINGS
-@given(scenarios())
-def test_idempotent_when_the_cache_catches_up(s: Scenario) -> None:
-    d = decide(s.slices, s.pods, GATE, s.in_flight)
-    released = {r.pod.uid for r in d.releases}
-    pods = _caught_up(s, released)
-    assert decide(s.slices, pods, GATE, s.in_flight).releases == ()
-    # both at once (the cache caught up before the expectation was observed)
-    assert decide(s.slices, pods, GATE, s.in_flight | released).releases == ()
-
-
-@SETTINGS
-@given(scenarios())
-def test_lone_pods_released_in_order(s: Scenario) -> None:
-    d = decide(s.slices, s.pods, GATE, s.in_flight)
+def _check_lone_pods_released_in_order(s: Scenario, d: Decision) -> None:
     active = _active(s, d)
     if active is None:
         return
     released = {r.pod.uid for r in d.releases}
     for report in d.pod_sets:
-        lone = [
-            f for f in _members(s, active, report.name) if f.group is None and _eligible(f, s)
-        ]
+        lone = [f for f in _members(s, active, report.name) if f.group is None and _eligible(f, s)]
         got = [f for f in lone if f.pod.uid in released]
         waiting = [f for f in lone if f.pod.uid not in released]
         if got and waiting:
             assert min(_cmp_key(f) for f in waiting) > max(_cmp_key(f) for f in got)
 
 
-@SETTINGS
-@given(scenarios())
-def test_whole_groups_only(s: Scenario) -> None:
-    d = decide(s.slices, s.pods, GATE, s.in_flight)
+def _check_whole_groups_only(s: Scenario, d: Decision) -> None:
     active = _active(s, d)
     if active is None:
         return
@@ -303,8 +280,12 @@ def test_whole_groups_only(s: Scenario) -> None:
                 if _eligible(f, s):
                     assert f.pod.uid in released, (key, f.pod.name)
                 # an unresolved member blocks the whole group
-                assert not (_gated(f) and _live(f) and f.ownership is Ownership.UNRESOLVED
-                            and f.pod.uid not in s.in_flight)
+                assert not (
+                    _gated(f)
+                    and _live(f)
+                    and f.ownership is Ownership.UNRESOLVED
+                    and f.pod.uid not in s.in_flight
+                )
             sizes = {f.group.size for f in group if f.group}
             size = next(iter(sizes)) if len(sizes) == 1 else None
             if size is not None:
@@ -334,10 +315,7 @@ def test_no_active_slice_releases_nothing(slices: list[WorkloadView], pods: list
         assert len(d.unmapped) == sum(1 for f in pods if _gated(f))
 
 
-@SETTINGS
-@given(scenarios())
-def test_active_slice_is_the_newest_qualifying(s: Scenario) -> None:
-    d = decide(s.slices, s.pods, GATE, s.in_flight)
+def _check_active_slice_is_the_newest_qualifying(s: Scenario, d: Decision) -> None:
     qualifying = [w for w in s.slices if _qualifies(w)]
     if not qualifying:
         assert d.active_slice is None
@@ -347,28 +325,23 @@ def test_active_slice_is_the_newest_qualifying(s: Scenario) -> None:
     newest = max(w.creation_timestamp for w in qualifying)
     assert active.creation_timestamp == newest
     # a qualifying slice that directly replaces the active one in the same second must win
+    by_key = {w.key: w for w in s.slices}
+
+    def cyclic(w: WorkloadView) -> bool:
+        seen, cur = {w.key}, w
+        while cur.replacement_for in by_key:
+            cur = by_key[cur.replacement_for]
+            if cur.key in seen:
+                return True
+            seen.add(cur.key)
+        return False
+
     for w in qualifying:
         if w.creation_timestamp == newest and w.replacement_for == active.key:
-            replaced_back = active.replacement_for == w.key  # a cycle: no order can satisfy it
-            assert replaced_back, (w.name, active.name)
+            assert cyclic(w), (w.name, active.name)  # with a cycle no order can satisfy it
 
 
-@SETTINGS
-@given(scenarios(), st.randoms(use_true_random=False))
-def test_input_order_does_not_matter(s: Scenario, rnd: random.Random) -> None:
-    d = decide(s.slices, s.pods, GATE, s.in_flight)
-    slices, pods = list(s.slices), list(s.pods)
-    rnd.shuffle(slices)
-    rnd.shuffle(pods)
-    e = decide(slices, pods, GATE, s.in_flight)
-    assert e.active_slice == d.active_slice
-    assert sorted(r.pod.uid for r in e.releases) == sorted(r.pod.uid for r in d.releases)
-
-
-@SETTINGS
-@given(scenarios())
-def test_every_gated_pod_is_accounted_for(s: Scenario) -> None:
-    d = decide(s.slices, s.pods, GATE, s.in_flight)
+def _check_every_gated_pod_is_accounted_for(s: Scenario, d: Decision) -> None:
     active = _active(s, d)
     seen: dict[str, int] = {}
     for name in [w.pod for w in d.unmapped]:
@@ -393,3 +366,43 @@ def test_every_gated_pod_is_accounted_for(s: Scenario) -> None:
             assert f.pod.name not in seen
         else:
             assert seen.get(f.pod.name) == 1, f.pod.name
+
+
+# -- the tests: one scenario checked against many properties (keeps hypothesis fast) -----------
+
+
+@SETTINGS
+@given(scenarios())
+def test_decision_invariants(s: Scenario) -> None:
+    """(a) never above the cap, (b) only eligible pods, (d) order, (e) whole groups, plus the
+    active slice choice and a complete explanation."""
+    d = decide(s.slices, s.pods, GATE, s.in_flight)
+    _check_active_slice_is_the_newest_qualifying(s, d)
+    _check_never_exceeds_the_cap(s, d)
+    _check_only_eligible_pods_are_released(s, d)
+    _check_lone_pods_released_in_order(s, d)
+    _check_whole_groups_only(s, d)
+    _check_every_gated_pod_is_accounted_for(s, d)
+
+
+@SETTINGS
+@given(scenarios(), st.randoms(use_true_random=False))
+def test_idempotent_and_deterministic(s: Scenario, rnd: random.Random) -> None:
+    """(c) deciding again after our releases (in flight, or seen by the cache) releases nothing;
+    the input order of slices and pods does not change the outcome."""
+    d = decide(s.slices, s.pods, GATE, s.in_flight)
+    released = {r.pod.uid for r in d.releases}
+    again = decide(s.slices, s.pods, GATE, s.in_flight | released)
+    assert again.releases == ()
+    assert again.active_slice == d.active_slice
+    pods = _caught_up(s, released)
+    assert decide(s.slices, pods, GATE, s.in_flight).releases == ()
+    # both at once (the cache caught up before the expectation was observed)
+    assert decide(s.slices, pods, GATE, s.in_flight | released).releases == ()
+
+    slices, shuffled = list(s.slices), list(s.pods)
+    rnd.shuffle(slices)
+    rnd.shuffle(shuffled)
+    e = decide(slices, shuffled, GATE, s.in_flight)
+    assert e.active_slice == d.active_slice
+    assert sorted(r.pod.uid for r in e.releases) == sorted(released)

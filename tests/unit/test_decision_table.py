@@ -340,7 +340,11 @@ def test_caps_per_pod_set_are_independent() -> None:
         ("head", 1, 1),
         ("workers", 2, 2),
     ]
-    assert {r.pod.name: r.pod_set for r in d.releases} == {"h0": "head", "w0": "workers", "w1": "workers"}
+    assert {r.pod.name: r.pod_set for r in d.releases} == {
+        "h0": "head",
+        "w0": "workers",
+        "w1": "workers",
+    }
 
 
 def test_pod_set_name_defaults_to_main() -> None:
@@ -357,7 +361,11 @@ COUNT_CASES = [
     Case(
         "running-ungated-use-the-cap",
         ONE_SLICE,
-        [facts("r0", gates=(), phase="Running"), facts("r1", gates=(), phase="Running"), *_gated(3)],
+        [
+            facts("r0", gates=(), phase="Running"),
+            facts("r1", gates=(), phase="Running"),
+            *_gated(3),
+        ],
         ["p0"],
     ),
     Case(
@@ -438,7 +446,11 @@ COUNT_CASES = [
     Case(
         "scale-down-over-cap-releases-nothing",
         [dict(name="wl-1", pod_sets={"main": 1}, admitted={"main": 3})],
-        [facts("r0", gates=(), phase="Running"), facts("r1", gates=(), phase="Running"), *_gated(2)],
+        [
+            facts("r0", gates=(), phase="Running"),
+            facts("r1", gates=(), phase="Running"),
+            *_gated(2),
+        ],
         [],
     ),
 ]
@@ -539,7 +551,12 @@ def test_unknown_pod_set_unmapped(pod_set: str | None, reason: str) -> None:
 
 def test_pod_set_of_old_slice_only_is_unmapped() -> None:
     specs = [
-        dict(name="wl-1", created=0, pod_sets={"main": 1, "extra": 1}, conditions=["Admitted", REPLACED]),
+        dict(
+            name="wl-1",
+            created=0,
+            pod_sets={"main": 1, "extra": 1},
+            conditions=["Admitted", REPLACED],
+        ),
         dict(name="wl-2", created=1, pod_sets={"main": 2}, replacement_for="wl-1"),
     ]
     d = decide(_views(specs), [facts("e0", pod_set="extra"), *_gated(3)], GATE)
@@ -750,7 +767,13 @@ def test_group_reasons() -> None:
 def test_explanation_is_complete_and_meaningful() -> None:
     specs = [
         dict(name="wl-1", created=0, pod_sets={"main": 1}, conditions=["Admitted", REPLACED]),
-        dict(name="wl-2", created=3, pod_sets={"main": 3}, admitted={"main": 5}, replacement_for="wl-1"),
+        dict(
+            name="wl-2",
+            created=3,
+            pod_sets={"main": 3},
+            admitted={"main": 5},
+            replacement_for="wl-1",
+        ),
     ]
     pods = [
         facts("run", gates=(), phase="Running"),

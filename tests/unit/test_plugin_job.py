@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ungater_plugins import job as job_plugin
+
 from tests.unit.podfactory import (
     GATE,
     TAS_GATE,
@@ -19,12 +22,10 @@ from tests.unit.podfactory import (
     strip_owner,
     workload,
 )
-
 from ungater.decision import Ownership, decide
-from ungater.model import Kind, ObjectRef, parse_pod, parse_workload
+from ungater.model import Kind, ObjectRef, WorkloadView, parse_pod, parse_workload
 from ungater.plugin_api import KindSpec
 from ungater.registry import KindHandler, PluginRegistry
-from ungater_plugins import job as job_plugin
 
 JOB = Kind("batch", "Job")
 
@@ -84,7 +85,9 @@ def test_pod_owned_by_another_job_is_not_owned() -> None:
 
 def test_chain_of_wrong_shape_is_refused() -> None:
     j = job("train")
-    same_uid_other_kind = ObjectRef("jobset.x-k8s.io/v1alpha2", "JobSet", "train", j["metadata"]["uid"])
+    same_uid_other_kind = ObjectRef(
+        "jobset.x-k8s.io/v1alpha2", "JobSet", "train", j["metadata"]["uid"]
+    )
     assert job_plugin.ungater_owns_pod(ref(j), [same_uid_other_kind]) is False
     assert job_plugin.ungater_owns_pod(ref(j), [ref(job("mid")), ref(j)]) is False
 
@@ -150,7 +153,9 @@ def test_no_release_groups() -> None:
 # -- whole decisions -------------------------------------------------------------------------
 
 
-def _scaled_up_slices(j: dict[str, object], old: int, new: int, *, admitted_new: bool) -> list:
+def _scaled_up_slices(
+    j: dict[str, Any], old: int, new: int, *, admitted_new: bool
+) -> list[WorkloadView]:
     first = workload(j, {"main": old}, admitted={"main": old}, created=0, finished=admitted_new)
     first_key = f"{first['metadata']['namespace']}/{first['metadata']['name']}"
     second = workload(
@@ -232,7 +237,9 @@ def test_non_indexed_job_releases_oldest_first() -> None:
     cap=st.integers(min_value=0, max_value=12),
     seed=st.integers(min_value=0, max_value=2**16),
 )
-def test_any_creation_order_releases_exactly_the_lowest_indexes(n: int, cap: int, seed: int) -> None:
+def test_any_creation_order_releases_exactly_the_lowest_indexes(
+    n: int, cap: int, seed: int
+) -> None:
     rng = random.Random(seed)
     j = job("prop", parallelism=n)
     indexes = list(range(n))

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from ungater.decision import Ownership, decide
-from ungater.model import Kind, parse_object, parse_pod, parse_workload
-from ungater.plugin_api import KindSpec, ResourceSpec
-from ungater.registry import KindHandler, PluginRegistry
 from ungater_plugins import jobset as jobset_plugin
 
 from tests.unit.podfactory import (
@@ -21,6 +17,10 @@ from tests.unit.podfactory import (
     strip_owner,
     workload,
 )
+from ungater.decision import Ownership, decide
+from ungater.model import Kind, parse_object, parse_pod, parse_workload
+from ungater.plugin_api import KindSpec, ResourceSpec
+from ungater.registry import KindHandler, PluginRegistry
 
 JOBSET = Kind("jobset.x-k8s.io", "JobSet")
 

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from ungater.decision import Ownership, decide
-from ungater.model import Kind, ObjectRef, parse_pod, parse_workload
-from ungater.plugin_api import KindSpec, ReleaseGroup
-from ungater.registry import KindHandler, PluginRegistry
+from typing import Any
+
 from ungater_plugins import raycluster as ray_plugin
 
 from tests.unit.podfactory import (
@@ -23,6 +21,10 @@ from tests.unit.podfactory import (
     uid_for,
     workload,
 )
+from ungater.decision import Ownership, decide
+from ungater.model import Kind, ObjectRef, parse_pod, parse_workload
+from ungater.plugin_api import KindSpec, ReleaseGroup
+from ungater.registry import KindHandler, PluginRegistry
 
 RAYCLUSTER = Kind("ray.io", "RayCluster")
 
@@ -34,13 +36,17 @@ def handler() -> KindHandler:
 
 
 def multi_host_replica(
-    rc: dict[str, object], group: str, replica_index: int, hosts: int, *, created: float = 2
-) -> list[dict[str, object]]:
+    rc: dict[str, Any], group: str, replica_index: int, hosts: int, *, created: float = 2
+) -> list[dict[str, Any]]:
     """The pods KubeRay creates for one multi-host replica: one per host, same replica name."""
     name = ray_replica_name(group, f"replica-{replica_index}")
     return [
         ray_worker_pod(
-            rc, group, replica_index=replica_index, replica_name=name, host_index=h,
+            rc,
+            group,
+            replica_index=replica_index,
+            replica_name=name,
+            host_index=h,
             created=created,
         )
         for h in range(hosts)
@@ -136,16 +142,19 @@ def test_sort_key_head_first_then_replica_index_then_host_index() -> None:
 def test_sort_key_single_host_workers_by_replica_index() -> None:
     rc = raycluster("rc", {"cpu": (3, 1)})
     h, owner = handler(), ref(rc)
-    keys = [h.sort_key(owner, parse_pod(ray_worker_pod(rc, "cpu", replica_index=i)))
-            for i in (2, 0, 11)]
+    keys = [
+        h.sort_key(owner, parse_pod(ray_worker_pod(rc, "cpu", replica_index=i))) for i in (2, 0, 11)
+    ]
     assert sorted(keys) == [keys[1], keys[0], keys[2]]
 
 
 def test_sort_key_without_indexing_labels_leaves_creation_order_to_the_core() -> None:
     rc = raycluster("rc", {"cpu": (3, 1)})
     h, owner = handler(), ref(rc)
-    keys = {h.sort_key(owner, parse_pod(ray_worker_pod(rc, "cpu", replica_index=None,
-                                                       created=t))) for t in (1, 2)}
+    keys = {
+        h.sort_key(owner, parse_pod(ray_worker_pod(rc, "cpu", replica_index=None, created=t)))
+        for t in (1, 2)
+    }
     assert len(keys) == 1
     indexed = h.sort_key(owner, parse_pod(ray_worker_pod(rc, "cpu", replica_index=5)))
     assert indexed < keys.pop()
@@ -179,8 +188,7 @@ def test_multi_host_group_cap_three_releases_one_whole_replica() -> None:
     second = multi_host_replica(rc, "tpu", 1, 2, created=2)  # created first, index 1
     first = multi_host_replica(rc, "tpu", 0, 2, created=3)
     pods = [head, *second, *first]
-    slices = [parse_workload(workload(rc, {"head": 1, "tpu": 4},
-                                      admitted={"head": 1, "tpu": 3}))]
+    slices = [parse_workload(workload(rc, {"head": 1, "tpu": 4}, admitted={"head": 1, "tpu": 3}))]
     decision = decide(slices, facts(handler(), rc, pods), GATE)
     assert decision.released_names == names([head, *first])
     tpu = next(r for r in decision.pod_sets if r.name == "tpu")
@@ -193,8 +201,7 @@ def test_scale_up_by_one_replica_while_one_runs() -> None:
     running = [release(p) for p in multi_host_replica(rc, "tpu", 0, 2)]
     new = multi_host_replica(rc, "tpu", 1, 2, created=50)
     head = release(ray_head_pod(rc))
-    slices = [parse_workload(workload(rc, {"head": 1, "tpu": 4},
-                                      admitted={"head": 1, "tpu": 4}))]
+    slices = [parse_workload(workload(rc, {"head": 1, "tpu": 4}, admitted={"head": 1, "tpu": 4}))]
     decision = decide(slices, facts(handler(), rc, [head, *running, *new]), GATE)
     assert decision.released_names == names(new)
 
@@ -203,8 +210,7 @@ def test_single_host_workers_follow_replica_index_and_foreign_pods_are_skipped()
     rc = raycluster("rc", {"cpu": (4, 1)})
     workers = [ray_worker_pod(rc, "cpu", replica_index=i, created=10 - i) for i in range(4)]
     impostor = strip_owner(ray_worker_pod(rc, "cpu", replica_index=0, created=0, seed="evil"))
-    slices = [parse_workload(workload(rc, {"head": 1, "cpu": 4},
-                                      admitted={"head": 1, "cpu": 2}))]
+    slices = [parse_workload(workload(rc, {"head": 1, "cpu": 4}, admitted={"head": 1, "cpu": 2}))]
     decision = decide(slices, facts(handler(), rc, [impostor, *workers]), GATE)
     assert decision.released_names == names(workers[:2])
     assert [w.pod for w in decision.unmapped] == names([impostor])

@@ -590,7 +590,7 @@ class LocalControlPlane:
             still = []
             for name in pending:
                 status, crd = self.request("GET", f"{base}/{urllib.parse.quote(name)}")
-                conditions = crd.get("status", {}).get("conditions", []) if status == 200 else []
+                conditions = ((crd.get("status") or {}).get("conditions") or []) if status == 200 else []
                 if not any(
                     c.get("type") == "Established" and c.get("status") == "True" for c in conditions
                 ):

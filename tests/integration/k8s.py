@@ -1,0 +1,52 @@
+"""Test-side API helpers on top of ungater's own client: what the tests do in Kueue's and the
+operators' stead (status writes, merge patches, deletes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ungater.kube import ApiClientKube, Resource, connect
+
+JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
+RAYCLUSTERS = Resource("ray.io", "v1", "rayclusters", "RayCluster")
+
+
+class Kube:
+    def __init__(self, client: ApiClientKube) -> None:
+        self.client = client
+
+    @classmethod
+    async def connect(cls, kubeconfig: Path) -> Kube:
+        return cls(await connect(kubeconfig, qps=1000, burst=1000))
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def create(self, res: Resource, ns: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self.client.create(res, ns, body)
+
+    async def get(self, res: Resource, ns: str, name: str) -> dict[str, Any] | None:
+        return await self.client.get(res, ns, name)
+
+    async def list(self, res: Resource, ns: str, selector: str = "") -> list[dict[str, Any]]:
+        items, _ = await self.client.list_objects(res, ns, selector)
+        return items
+
+    async def merge_patch(
+        self, res: Resource, ns: str, name: str, body: dict[str, Any], subresource: str = ""
+    ) -> dict[str, Any]:
+        return await self.client.merge_patch(res, ns, name, body, subresource)
+
+    async def delete(self, res: Resource, ns: str, name: str) -> bool:
+        return await self.client.delete(res, ns, name)
+
+    async def json_patch(
+        self, res: Resource, ns: str, name: str, ops: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        return await self.client.json_patch(res, ns, name, ops)
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, indent=1, sort_keys=True)[:4000]
