@@ -17,7 +17,7 @@ from ungater.model import Kind, ObjectRef, ObjectView, PodView, WorkloadView
 
 __all__ = ["ChainResult", "OwnerKey", "PodIndex", "WorkloadIndex", "resolve_chain"]
 
-MAX_CHAIN = 4  # Pod -> Job -> JobSet is two hops; anything deeper than four is not ours
+MAX_CHAIN = 8  # Pod -> Job -> JobSet is two hops; LWS workers four; deeper is not ours
 
 
 @dataclass(frozen=True, slots=True)

@@ -229,7 +229,7 @@ def _decide_pod_set(
                 continue
         if len(unit) > budget:
             if budget <= 0:
-                stopped = f"cap reached ({live_ungated + flying} of {cap.cap} released)"
+                stopped = f"cap reached ({cap.cap - budget} of {cap.cap} released)"
             else:
                 stopped = f"next release group needs {len(unit)} pods, {budget} left under the cap"
             waiting.extend(Waiting(f.pod.name, stopped) for f in unit)

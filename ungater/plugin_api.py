@@ -96,8 +96,8 @@ def kueue_pod_set(pod: PodView) -> str | None:
 
 def int_or_none(value: str | None) -> int | None:
     """Parse a label or annotation holding a non-negative integer; None when it does not."""
-    if value is None or not value.isdigit():
-        return None
+    if value is None or not (value.isascii() and value.isdigit()) or len(value) > 18:
+        return None  # only plain ASCII digits, and short enough to be an index
     return int(value)
 
 

@@ -183,6 +183,13 @@ class PluginRegistry:
             info.error = f"registration failed: {type(exc).__name__}: {exc}"
             log.error("plugin %s rejected: %s", info.label, info.error)
             return
+        try:
+            self.pm.check_pending()  # a misspelt hook name must not be silently ignored
+        except pluggy.PluginValidationError as exc:
+            info.error = f"registration failed: {exc}"
+            log.error("plugin %s rejected: %s", info.label, info.error)
+            self.pm.unregister(name=info.name)
+            return
         impls = [
             i for i in self.pm.hook.ungater_kinds.get_hookimpls() if i.plugin_name == info.name
         ]

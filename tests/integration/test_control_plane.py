@@ -8,6 +8,7 @@ gated pods for an Indexed Job and adds one when parallelism grows.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -111,7 +112,7 @@ def test_user_kubeconfig_is_subject_to_rbac(control_plane: LocalControlPlane) ->
         finally:
             conn.close()
     assert response.status == 403, body
-    assert 'User "alice"' in body
+    assert 'User "alice" cannot list resource "pods"' in json.loads(body)["message"]
 
 
 async def _eventually(

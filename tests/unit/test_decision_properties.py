@@ -26,6 +26,11 @@ SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[Heal
 
 _valid = [2, 3, 1, 4, 2, 3, 5, 6, 1, 2, 0]
 # spec counts: _ABSENT leaves the key out; admitted counts: None leaves the count out
+_valid_counts = st.sampled_from(_valid)
+FEATURES = frozenset(
+    {"deleting", "terminal", "groups", "odd-owners", "odd-pod-sets", "in-flight", "invalid-counts"}
+)
+feature_sets = st.sets(st.sampled_from(sorted(FEATURES)))
 spec_counts = st.sampled_from([*_valid * 4, -1, "3", True, _ABSENT])
 admitted_counts = st.sampled_from([*_valid * 3, -1, "3", True, None, None, None])
 pod_set_lists = st.sampled_from([["main"], ["main"], ["main", "workers"], ["workers", "main"], ["workers"]])
@@ -45,13 +50,13 @@ uid_perms = {n: st.permutations([f"u{i}" for i in range(n)]) for n in range(1, 5
 
 
 @st.composite
-def slice_chains(draw: st.DrawFn) -> list[WorkloadView]:
+def slice_chains(draw: st.DrawFn, valid_counts: bool = False) -> list[WorkloadView]:
     n = draw(st.integers(min_value=1, max_value=4))
     uids = draw(uid_perms[n])
     out = []
     for i in range(n):
         sets = draw(pod_set_lists)
-        pod_sets = {s: draw(spec_counts) for s in sets}
+        pod_sets = {s: draw(_valid_counts if valid_counts else spec_counts) for s in sets}
         admission = draw(admission_kinds)
         admitted: Any
         if admission == "none":
@@ -61,7 +66,7 @@ def slice_chains(draw: st.DrawFn) -> list[WorkloadView]:
             for s in sets:
                 if admission == "partial" and draw(st.booleans()):
                     continue  # pod set missing from admission
-                admitted[s] = draw(admitted_counts)
+                admitted[s] = draw(_valid_counts if valid_counts else admitted_counts)
         conds: list[Any] = []
         for kind, statuses in condition_statuses:
             status = draw(statuses)
@@ -84,14 +89,12 @@ sort_keys = st.lists(
     st.one_of(st.integers(min_value=-2, max_value=5), st.sampled_from(["a", "b", "0"])),
     max_size=2,
 ).map(tuple)
-group_sizes = st.sampled_from([None, 2, 1, 3])
 one_pod = st.tuples(
     st.sampled_from(["main"] * 10 + ["workers"] * 6 + ["ghost", None]),  # pod set
     st.sampled_from([(), (GATE,), (GATE,), (GATE,), (GATE,), (TOPOLOGY_GATE, GATE), (TOPOLOGY_GATE,)]),
     st.sampled_from(["Pending"] * 4 + ["Running", "Succeeded", "Failed"]),  # phase
     st.sampled_from([False] * 9 + [True]),  # deleting
     st.integers(min_value=0, max_value=3),  # created
-    st.sampled_from([None] * 6 + ["g0", "g1", "g2"]),  # group key
     st.sampled_from([Ownership.PROVEN] * 10 + [Ownership.FOREIGN, Ownership.UNRESOLVED]),
     sort_keys,
 )
@@ -101,13 +104,37 @@ pod_lists = st.lists(one_pod, max_size=14)
 in_flight_picks = st.sampled_from([False] * 6 + [True])
 
 
+group_specs = st.lists(
+    st.tuples(st.sampled_from([None, 2, 1, 3]), st.lists(one_pod, min_size=1, max_size=3)),
+    min_size=1,
+    max_size=3,
+)
+
+
 @st.composite
-def pod_facts(draw: st.DrawFn) -> list[PodFacts]:
-    sizes = {f"g{i}": draw(group_sizes) for i in range(3)}
+def pod_facts(draw: st.DrawFn, flags: frozenset[str] = FEATURES) -> list[PodFacts]:
+    """Lone pods plus (with the "groups" feature) release groups of 1-3 members that may be
+    complete or not; ``flags`` (swarm testing) says which odd features may appear at all."""
+    rows: list[tuple[Any, ReleaseGroup | None]] = [(row, None) for row in draw(pod_lists)]
+    if "groups" in flags:
+        for g, (size, members) in enumerate(draw(group_specs)):
+            group = ReleaseGroup(f"g{g}", size)
+            rows.extend((row, group) for row in members)
+        # interleave the groups' members with the lone pods
+        rows = draw(st.permutations(rows))
     out = []
-    for i, (pod_set, gates, phase, deleting, created, gkey, ownership, key) in enumerate(
-        draw(pod_lists)
-    ):
+    for i, (row, group) in enumerate(rows):
+        pod_set, gates, phase, deleting, created, ownership, key = row
+        if group is not None and i % 2:
+            pod_set = next(r[0][0] for r in rows if r[1] == group)  # mostly one pod set
+        if "deleting" not in flags:
+            deleting = False
+        if "terminal" not in flags and phase in ("Succeeded", "Failed"):
+            phase = "Running"
+        if "odd-owners" not in flags:
+            ownership = Ownership.PROVEN
+        if "odd-pod-sets" not in flags and pod_set not in POD_SETS:
+            pod_set = "main"
         raw = pod(
             f"p{i}",
             uid=f"uid-p{i}",
@@ -117,7 +144,6 @@ def pod_facts(draw: st.DrawFn) -> list[PodFacts]:
             created=created,
             pod_set=pod_set,
         )
-        group = ReleaseGroup(gkey, sizes[gkey]) if gkey else None
         out.append(PodFacts(parse_pod(raw), pod_set, key, group, ownership))
     return out
 
@@ -131,10 +157,13 @@ class Scenario:
 
 @st.composite
 def scenarios(draw: st.DrawFn) -> Scenario:
-    slices = draw(slice_chains())
-    pods = draw(pod_facts())
+    flags = frozenset(draw(feature_sets))
+    slices = draw(slice_chains("invalid-counts" not in flags))
+    pods = draw(pod_facts(flags))
     uids = [f.pod.uid for f in pods]
     picks = draw(st.lists(in_flight_picks, min_size=len(uids), max_size=len(uids)))
+    if "in-flight" not in flags:
+        picks = [False] * len(uids)
     flying = {u for u, pick in zip(uids, picks, strict=True) if pick}
     if draw(st.booleans()):
         flying = set(flying) | {"uid-not-a-pod"}

@@ -49,7 +49,7 @@ __all__ = [
 Log = Callable[[str], None]
 
 _STAMP = "stamp.json"
-_STAMP_FORMAT = 1
+_STAMP_FORMAT = 2  # bump when the build recipe changes, to rebuild
 _GO_STEP_TIMEOUT_S = 2 * 60 * 60  # one `go build` of kube-apiserver on 2 cores: ~10-20 min
 _LOCK_WAIT_S = 3 * 60 * 60
 _LOCK_POLL_S = 2.0
@@ -335,6 +335,7 @@ def _kubernetes_ldflags(version: str, build_date: str) -> str:
         "gitMajor": major,
         "gitMinor": minor,
         "gitTreeState": "clean",
+        "gitCommit": "",  # a module zip carries no commit; better empty than "$Format:%H$"
         "buildDate": build_date,
     }
     flags = ["-s", "-w"]
