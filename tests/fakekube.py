@@ -252,3 +252,51 @@ class FakeKube:
 
     async def close(self) -> None:
         return None
+
+    # -- merge patch (added for the Lease and Event writers) ----------------------------------
+
+    # may raise or be async; called with (namespace, name) before a merge patch is applied
+    before_merge_patch: Callable[[str, str], Any] | None = None
+
+    async def merge_patch(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        body: dict[str, Any],
+        subresource: str = "",
+    ) -> dict[str, Any]:
+        """RFC 7386 merge patch, like ``ApiClientKube.merge_patch``. A ``metadata.resourceVersion``
+        in the body is a precondition: 409 Conflict when the object has moved on."""
+        self.requests += 1
+        if self.before_merge_patch is not None:
+            result = self.before_merge_patch(namespace or "", name)
+            if asyncio.iscoroutine(result):
+                await result
+        await anyio.lowlevel.checkpoint()
+        key = (*self._rkey(resource), namespace or "", name)
+        obj = self.objects.get(key)
+        if obj is None:
+            raise ApiError(404, "not found")
+        body = copy.deepcopy(body)
+        wanted = (body.get("metadata") or {}).pop("resourceVersion", None)
+        if wanted is not None and str(wanted) != obj["metadata"]["resourceVersion"]:
+            raise ApiError(
+                409,
+                f"Operation cannot be fulfilled on {resource.plural} {name!r}: the object has "
+                "been modified; please apply your changes to the latest version and try again",
+            )
+        return self.put(resource, apply_merge_patch(obj, body))
+
+
+def apply_merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: objects merge key by key, ``null`` deletes a key, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = apply_merge_patch(out.get(k), v)
+    return out

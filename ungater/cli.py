@@ -43,8 +43,11 @@ def _parser() -> argparse.ArgumentParser:
 
     def cluster_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--config", "-c", type=Path, help="config file (YAML); default: built-in")
-        sp.add_argument("--kubeconfig", type=Path, help="kubeconfig; default $KUBECONFIG, "
-                        "~/.kube/config, then in-cluster")
+        sp.add_argument(
+            "--kubeconfig",
+            type=Path,
+            help="kubeconfig; default $KUBECONFIG, ~/.kube/config, then in-cluster",
+        )
         sp.add_argument("--context", help="kubeconfig context")
 
     run = sub.add_parser("run", help="run the controller")
@@ -103,7 +106,10 @@ async def _client(args: argparse.Namespace, config: Config) -> Any:
     c = config.client
     try:
         return await connect(
-            args.kubeconfig, args.context, qps=c.qps, burst=c.burst,
+            args.kubeconfig,
+            args.context,
+            qps=c.qps,
+            burst=c.burst,
             request_timeout=c.request_timeout_seconds,
             pool_size=c.patch_concurrency + 16 * max(1, len(config.namespaces)),
         )
@@ -226,7 +232,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if args.debug:
             raise
-        print(f"ungater: error: {type(exc).__name__}: {exc} (use --debug for details)", file=sys.stderr)
+        print(
+            f"ungater: error: {type(exc).__name__}: {exc} (use --debug for details)",
+            file=sys.stderr,
+        )
         return 1
 
 

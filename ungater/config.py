@@ -79,6 +79,7 @@ class Config(_Model):
     workload_api_versions: list[WorkloadVersion] = Field(
         default_factory=lambda: list(_WORKLOAD_VERSIONS), alias="workloadApiVersions", min_length=1
     )
+    apply_pod_set_updates: bool = Field(default=True, alias="applyPodSetUpdates")
     workers: int = Field(default=4, ge=1, le=256)
     expectations_timeout_seconds: float = Field(
         default=30.0, gt=0, alias="expectationsTimeoutSeconds"

@@ -52,14 +52,45 @@ def workload_resource(version: str) -> Resource:
     return Resource(KUEUE_GROUP, version, "workloads", "Workload")
 
 
+def _pointer(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
 def release_patch(release: Release) -> list[dict[str, Any]]:
-    """A JSON patch removing exactly our gate: the ``test`` fails the request if the list
-    changed under us, instead of removing someone else's gate."""
+    """One JSON patch (atomic: all of it or nothing) that removes exactly our gate and applies
+    the pod set updates. The ``test`` fails the request if the gate list changed under us,
+    instead of removing someone else's gate."""
     path = f"/spec/schedulingGates/{release.gate_index}"
-    return [
+    ops: list[dict[str, Any]] = [
         {"op": "test", "path": f"{path}/name", "value": release.gate},
         {"op": "remove", "path": path},
     ]
+    pod, changes = release.pod, release.changes
+    for field_path, wanted, have in (
+        ("/metadata/labels", changes.labels, pod.labels),
+        ("/metadata/annotations", changes.annotations, pod.annotations),
+        ("/spec/nodeSelector", changes.node_selector, pod.node_selector),
+    ):
+        if not wanted:
+            continue
+        if not have:  # the map is absent (or empty): add it whole
+            ops.append({"op": "add", "path": field_path, "value": dict(wanted)})
+        else:
+            ops.extend(
+                {"op": "add", "path": f"{field_path}/{_pointer(k)}", "value": v}
+                for k, v in wanted.items()
+            )
+    if changes.tolerations:
+        if not pod.tolerations:
+            ops.append(
+                {"op": "add", "path": "/spec/tolerations", "value": list(changes.tolerations)}
+            )
+        else:
+            ops.extend(
+                {"op": "add", "path": "/spec/tolerations/-", "value": dict(t)}
+                for t in changes.tolerations
+            )
+    return ops
 
 
 @dataclass
@@ -285,7 +316,17 @@ class Controller:
         selector = rt.handler.pod_selector(owner)
         pods = rt.pods.select(key.namespace, selector)
         facts = pod_facts(rt.handler, owner, pods, self.objects)
-        decision = decide(slices, facts, rt.gate, self.expectations.pending(key))
+        decision = decide(
+            slices,
+            facts,
+            rt.gate,
+            self.expectations.pending(key),
+            apply_pod_set_updates=self.config.apply_pod_set_updates,
+        )
+        for report in decision.pod_sets:
+            for w in report.waiting:
+                if w.reason.startswith("pod set update conflict"):
+                    log.warning("%s: pod %s stays gated: %s", key, w.pod, w.reason)
         self.decisions[key] = decision
         if decision.releases:
             await self._release(key, rt, decision)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ungater.model import ADMITTED, EVICTED, FINISHED, PodView, WorkloadView
 from ungater.plugin_api import ReleaseGroup
+from ungater.podsetupdates import NO_CHANGES, PodChanges, fit_to_pod, merge_updates
 
 __all__ = [
     "Decision",
@@ -53,12 +54,14 @@ class PodFacts:
 
 @dataclass(frozen=True, slots=True)
 class Release:
-    """One pod to release: remove ``gate`` found at ``gate_index`` of its schedulingGates."""
+    """One pod to release: remove ``gate`` found at ``gate_index`` of its schedulingGates, and
+    apply ``changes`` (the admission checks' pod set updates) in the same request."""
 
     pod: PodView
     pod_set: str
     gate: str
     gate_index: int
+    changes: PodChanges = NO_CHANGES
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,8 +171,15 @@ def _order(f: PodFacts) -> tuple[object, ...]:
 
 
 def _decide_pod_set(
-    name: str, cap: _Cap, facts: Sequence[PodFacts], gate: str, in_flight: frozenset[str]
+    name: str,
+    cap: _Cap,
+    facts: Sequence[PodFacts],
+    gate: str,
+    in_flight: frozenset[str],
+    updates: tuple[PodChanges, str] = (NO_CHANGES, ""),
 ) -> tuple[PodSetReport, list[Release]]:
+    wanted, set_conflict = updates
+    fitted: dict[str, PodChanges] = {}
     live_ungated = flying = gated = 0
     waiting: list[Waiting] = []
     eligible: list[PodFacts] = []
@@ -197,6 +207,17 @@ def _decide_pod_set(
             if f.group is not None:
                 blocked_groups[f.group.key] = f"member {pod.name} is not provably owned"
             continue
+        changes, conflict = (
+            fit_to_pod(wanted, pod) if not set_conflict else (NO_CHANGES, set_conflict)
+        )
+        if conflict:
+            waiting.append(Waiting(pod.name, f"pod set update conflict: {conflict}"))
+            if f.group is not None:
+                blocked_groups[f.group.key] = (
+                    f"member {pod.name} conflicts with the pod set updates"
+                )
+            continue
+        fitted[pod.uid] = changes
         eligible.append(f)
 
     budget = cap.cap - live_ungated - flying
@@ -236,7 +257,7 @@ def _decide_pod_set(
             continue
         budget -= len(unit)
         for f in unit:
-            chosen.append(Release(f.pod, name, gate, f.pod.gates.index(gate)))
+            chosen.append(Release(f.pod, name, gate, f.pod.gates.index(gate), fitted[f.pod.uid]))
 
     report = PodSetReport(
         name=name,
@@ -258,12 +279,14 @@ def decide(
     pods: Sequence[PodFacts],
     gate: str,
     in_flight: Iterable[str] = (),
+    apply_pod_set_updates: bool = True,
 ) -> Decision:
     """Choose the pods to release now.
 
     ``in_flight`` holds the UIDs of pods already patched whose change the cache has not shown
     yet; they count as released. Calling again with the chosen pods added to ``in_flight``
-    chooses nothing new.
+    chooses nothing new. With ``apply_pod_set_updates`` every release carries the active slice's
+    admission-check pod set updates the pod still lacks; a pod that cannot take them waits.
     """
     flying = frozenset(in_flight)
     active = active_slice(slices)
@@ -294,7 +317,12 @@ def decide(
     reports: list[PodSetReport] = []
     releases: list[Release] = []
     for name, cap in caps.items():
-        report, chosen = _decide_pod_set(name, cap, by_set[name], gate, flying)
+        updates = (
+            merge_updates(active.pod_set_updates, name)
+            if apply_pod_set_updates
+            else (NO_CHANGES, "")
+        )
+        report, chosen = _decide_pod_set(name, cap, by_set[name], gate, flying, updates)
         reports.append(report)
         releases.extend(chosen)
     summary = f"active slice {active.name}: releasing {len(releases)}"

@@ -57,27 +57,47 @@ async def explain(
     objects: dict[str, ObjectView] = {}
     for spec in handler.spec.intermediates:
         found, _ = await client.list_objects(
-            Resource(spec.group, spec.version, spec.plural, spec.kind), namespace, spec.label_selector
+            Resource(spec.group, spec.version, spec.plural, spec.kind),
+            namespace,
+            spec.label_selector,
         )
         objects.update((o.uid, o) for o in map(parse_object, found))
     selector = handler.pod_selector(owner)
-    raw_pods, _ = await client.list_objects(PODS, namespace, ",".join(f"{k}={v}" for k, v in selector.items()))
+    raw_pods, _ = await client.list_objects(
+        PODS, namespace, ",".join(f"{k}={v}" for k, v in selector.items())
+    )
     pods = [parse_pod(p) for p in raw_pods]
     gate = config.gate_for(kc)
-    decision = decide(slices, pod_facts(handler, owner, pods, objects), gate)
+    decision = decide(
+        slices,
+        pod_facts(handler, owner, pods, objects),
+        gate,
+        apply_pod_set_updates=config.apply_pod_set_updates,
+    )
     notes = []
     if config.require_elastic_annotation and not target.elastic:
         notes.append(
             "this workload lacks the annotation kueue.x-k8s.io/elastic-job=true, so the "
             "controller ignores it (requireElasticAnnotation)"
         )
-    return _as_dict(owner_desc=f"{owner.kind} {namespace}/{owner.name}", gate=gate,
-                    plugin=handler.plugin.label, slices=slices, decision=decision, notes=notes)
+    return _as_dict(
+        owner_desc=f"{owner.kind} {namespace}/{owner.name}",
+        gate=gate,
+        plugin=handler.plugin.label,
+        slices=slices,
+        decision=decision,
+        notes=notes,
+    )
 
 
 def _as_dict(
-    *, owner_desc: str, gate: str, plugin: str, slices: Sequence[WorkloadView],
-    decision: Decision, notes: list[str],
+    *,
+    owner_desc: str,
+    gate: str,
+    plugin: str,
+    slices: Sequence[WorkloadView],
+    decision: Decision,
+    notes: list[str],
 ) -> dict[str, Any]:
     active = active_slice(slices)
     return {

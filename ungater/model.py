@@ -26,6 +26,7 @@ __all__ = [
     "ObjectView",
     "PodSetAssignment",
     "PodSetSpec",
+    "PodSetUpdate",
     "PodView",
     "WorkloadView",
     "parse_object",
@@ -144,6 +145,18 @@ class PodSetAssignment:
 
 
 @dataclass(frozen=True, slots=True)
+class PodSetUpdate:
+    """What one admission check wants on the pods of one pod set (``podSetUpdates[]``)."""
+
+    check: str
+    pod_set: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class WorkloadView:
     """One Kueue Workload (one slice of an elastic job's chain)."""
 
@@ -157,6 +170,7 @@ class WorkloadView:
     assignments: tuple[PodSetAssignment, ...] | None
     conditions: Mapping[str, Condition]
     resource_version: str = ""
+    pod_set_updates: tuple[PodSetUpdate, ...] = ()
 
     @property
     def key(self) -> str:
@@ -296,6 +310,20 @@ def parse_workload(obj: Mapping[str, Any]) -> WorkloadView:
         for c in status.get("conditions") or ()
         if isinstance(c, Mapping) and "type" in c
     }
+    updates = tuple(
+        PodSetUpdate(
+            check=str(check.get("name", "")),
+            pod_set=str(u.get("name") or "main"),
+            labels=_str_map(u.get("labels")),
+            annotations=_str_map(u.get("annotations")),
+            node_selector=_str_map(u.get("nodeSelector")),
+            tolerations=tuple(t for t in u.get("tolerations") or () if isinstance(t, Mapping)),
+        )
+        for check in status.get("admissionChecks") or ()
+        if isinstance(check, Mapping)
+        for u in check.get("podSetUpdates") or ()
+        if isinstance(u, Mapping)
+    )
     refs = _owner_refs(meta)
     return WorkloadView(
         namespace=str(meta.get("namespace", "")),
@@ -308,4 +336,5 @@ def parse_workload(obj: Mapping[str, Any]) -> WorkloadView:
         assignments=assignments,
         conditions=conditions,
         resource_version=str(meta.get("resourceVersion", "")),
+        pod_set_updates=updates,
     )

@@ -138,7 +138,9 @@ class Reflector(Generic[V]):
             self._put(uid, view)
 
     async def relist(self) -> None:
-        items, rv = await self.client.list_objects(self.resource, self.namespace, self.label_selector)
+        items, rv = await self.client.list_objects(
+            self.resource, self.namespace, self.label_selector
+        )
         self.stats.lists += 1
         self.replace(items)
         self.resource_version = rv

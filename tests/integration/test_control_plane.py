@@ -83,6 +83,17 @@ def test_jobset_and_raycluster_crds_are_established(
     assert plural in {r["name"] for r in discovery["resources"]}
 
 
+def test_installing_the_crds_again_replaces_them(control_plane: LocalControlPlane) -> None:
+    from ungater.devcluster.build import ensure_crds
+
+    names = control_plane.install_crds(ensure_crds())
+    assert sorted(names) == [
+        "jobsets.jobset.x-k8s.io",
+        "rayclusters.ray.io",
+        "workloads.kueue.x-k8s.io",
+    ]
+
+
 def test_user_kubeconfig_is_subject_to_rbac(control_plane: LocalControlPlane) -> None:
     import base64
     import http.client
@@ -202,3 +213,19 @@ async def test_job_controller_creates_gated_pods_and_scales_up(
         assert sorted(
             p.metadata.annotations["batch.kubernetes.io/job-completion-index"] for p in grown
         ) == ["0", "1", "2"]
+
+
+def test_apiserver_restart_keeps_state_in_etcd(
+    control_plane: LocalControlPlane, kube_namespace: str
+) -> None:
+    path = f"/api/v1/namespaces/{kube_namespace}/configmaps"
+    body = {"metadata": {"name": "survivor"}, "data": {"k": "v"}}
+    status, created = control_plane.request("POST", path, body)
+    assert status == 201, created
+    control_plane.kill_apiserver()
+    with pytest.raises(OSError):
+        control_plane.request("GET", "/readyz", timeout=2)
+    control_plane.start_apiserver()
+    status, read = control_plane.request("GET", f"{path}/survivor")
+    assert status == 200, read
+    assert read["data"] == {"k": "v"}

@@ -28,12 +28,23 @@ _valid = [2, 3, 1, 4, 2, 3, 5, 6, 1, 2, 0]
 # spec counts: _ABSENT leaves the key out; admitted counts: None leaves the count out
 _valid_counts = st.sampled_from(_valid)
 FEATURES = frozenset(
-    {"deleting", "terminal", "groups", "odd-owners", "odd-pod-sets", "in-flight", "invalid-counts"}
+    {
+        "deleting",
+        "terminal",
+        "groups",
+        "odd-owners",
+        "odd-pod-sets",
+        "in-flight",
+        "invalid-counts",
+        "ungated",
+    }
 )
 feature_sets = st.sets(st.sampled_from(sorted(FEATURES)))
 spec_counts = st.sampled_from([*_valid * 4, -1, "3", True, _ABSENT])
 admitted_counts = st.sampled_from([*_valid * 3, -1, "3", True, None, None, None])
-pod_set_lists = st.sampled_from([["main"], ["main"], ["main", "workers"], ["workers", "main"], ["workers"]])
+pod_set_lists = st.sampled_from(
+    [["main"], ["main"], ["main", "workers"], ["workers", "main"], ["workers"]]
+)
 admission_kinds = st.sampled_from(["full"] * 8 + ["partial", "none"])
 condition_statuses = (
     ("QuotaReserved", st.sampled_from(["True", "False", None])),
@@ -91,7 +102,9 @@ sort_keys = st.lists(
 ).map(tuple)
 one_pod = st.tuples(
     st.sampled_from(["main"] * 10 + ["workers"] * 6 + ["ghost", None]),  # pod set
-    st.sampled_from([(), (GATE,), (GATE,), (GATE,), (GATE,), (TOPOLOGY_GATE, GATE), (TOPOLOGY_GATE,)]),
+    st.sampled_from(
+        [(), (GATE,), (GATE,), (GATE,), (GATE,), (TOPOLOGY_GATE, GATE), (TOPOLOGY_GATE,)]
+    ),
     st.sampled_from(["Pending"] * 4 + ["Running", "Succeeded", "Failed"]),  # phase
     st.sampled_from([False] * 9 + [True]),  # deleting
     st.integers(min_value=0, max_value=3),  # created
@@ -105,7 +118,7 @@ in_flight_picks = st.sampled_from([False] * 6 + [True])
 
 
 group_specs = st.lists(
-    st.tuples(st.sampled_from([None, 2, 1, 3]), st.lists(one_pod, min_size=1, max_size=3)),
+    st.tuples(st.sampled_from([None, 2, 1, 3]), st.lists(one_pod, min_size=2, max_size=3)),
     min_size=1,
     max_size=3,
 )
@@ -127,6 +140,8 @@ def pod_facts(draw: st.DrawFn, flags: frozenset[str] = FEATURES) -> list[PodFact
         pod_set, gates, phase, deleting, created, ownership, key = row
         if group is not None and i % 2:
             pod_set = next(r[0][0] for r in rows if r[1] == group)  # mostly one pod set
+        if "ungated" not in flags and GATE not in gates:
+            gates = (GATE,)
         if "deleting" not in flags:
             deleting = False
         if "terminal" not in flags and phase in ("Succeeded", "Failed"):
@@ -321,6 +336,46 @@ def _check_whole_groups_only(s: Scenario, d: Decision) -> None:
                 assert sum(1 for f in group if _live(f)) >= size
 
 
+def _check_greedy_fill(s: Scenario, d: Decision) -> None:
+    """An oracle written from the rules: units (lone pods, or the eligible members of a group)
+    in order of their first member; blocked (an unresolved member) or incomplete groups are
+    skipped; the others are taken while they fit; the first that does not fit stops the rest."""
+    active = _active(s, d)
+    if active is None:
+        return
+    released = {r.pod.uid for r in d.releases}
+    for report in d.pod_sets:
+        members = _members(s, active, report.name)
+        units: dict[object, list[PodFacts]] = {}
+        for f in members:
+            if _eligible(f, s):
+                units.setdefault(f.group.key if f.group else f.pod.uid, []).append(f)
+        expected: set[str] = set()
+        live_ungated = sum(1 for f in members if not _gated(f) and _live(f))
+        flying = sum(1 for f in members if _gated(f) and _live(f) and f.pod.uid in s.in_flight)
+        budget = _cap(active, report.name) - live_ungated - flying
+        for unit in sorted(units.values(), key=lambda u: min(_cmp_key(f) for f in u)):
+            group = unit[0].group
+            if group is not None:
+                whole = [f for f in members if f.group and f.group.key == group.key]
+                blocked = any(
+                    _gated(f)
+                    and _live(f)
+                    and f.ownership is Ownership.UNRESOLVED
+                    and f.pod.uid not in s.in_flight
+                    for f in whole
+                )
+                incomplete = group.size is not None and sum(map(_live, whole)) < group.size
+                if blocked or incomplete:
+                    continue
+            if len(unit) > budget:
+                break
+            budget -= len(unit)
+            expected |= {f.pod.uid for f in unit}
+        got = {f.pod.uid for f in members if f.pod.uid in released}
+        assert got == expected, (report.name, sorted(got), sorted(expected))
+
+
 @SETTINGS
 @given(slice_chains(), pod_facts())
 def test_no_active_slice_releases_nothing(slices: list[WorkloadView], pods: list[PodFacts]) -> None:
@@ -411,6 +466,7 @@ def test_decision_invariants(s: Scenario) -> None:
     _check_only_eligible_pods_are_released(s, d)
     _check_lone_pods_released_in_order(s, d)
     _check_whole_groups_only(s, d)
+    _check_greedy_fill(s, d)
     _check_every_gated_pod_is_accounted_for(s, d)
 
 

@@ -19,10 +19,11 @@ if TYPE_CHECKING:
         ensure_binaries,
         ensure_crds,
     )
-    from ungater.devcluster.cluster import LocalControlPlane
+    from ungater.devcluster.cluster import ControlPlaneStartError, LocalControlPlane
 
 __all__ = [
     "Binaries",
+    "ControlPlaneStartError",
     "ControlPlaneUnavailable",
     "LocalControlPlane",
     "ensure_binaries",
@@ -34,6 +35,7 @@ _LAZY = {
     "ControlPlaneUnavailable": "ungater.devcluster.build",
     "ensure_binaries": "ungater.devcluster.build",
     "ensure_crds": "ungater.devcluster.build",
+    "ControlPlaneStartError": "ungater.devcluster.cluster",
     "LocalControlPlane": "ungater.devcluster.cluster",
 }
 

@@ -52,6 +52,9 @@ _STOP_GRACE_S = 10.0
 _KILL_WAIT_S = 5.0
 _SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 _PR_SET_PDEATHSIG = 1
+_TEMP_PREFIX = "ungater-cp-"
+_OWNER_FILE = "owner.pid"
+_SWEEP_MIN_AGE_S = 300.0
 
 
 class ControlPlaneStartError(RuntimeError):
@@ -88,10 +91,11 @@ def _tail(path: Path, lines: int = 30) -> str:
 
 
 def _parent_death_signal() -> Callable[[], None] | None:
-    """A preexec hook making a child receive SIGTERM when this process dies (Linux only).
+    """A preexec hook making a child receive SIGKILL when this process dies (Linux only).
 
-    Only safe when the spawning thread lives as long as the process, i.e. the main thread:
-    the kernel sends the signal when the *thread* that forked exits.
+    SIGKILL rather than SIGTERM: a kube-apiserver whose etcd is going away at the same time
+    can spend minutes in graceful shutdown.  Only safe when the spawning thread lives as long
+    as the process, i.e. the main thread: the kernel signals when the *thread* that forked exits.
     """
     if threading.current_thread() is not threading.main_thread():
         return None
@@ -101,7 +105,7 @@ def _parent_death_signal() -> Callable[[], None] | None:
         return None
 
     def hook() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
     return hook
 
@@ -148,6 +152,30 @@ def _is_zombie(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] == "Z"
 
 
+def _sweep_stale_temp_dirs() -> None:
+    """Remove temporary state dirs whose owning Python process is gone (e.g. was SIGKILLed).
+
+    The control-plane processes of such a dir already got SIGKILL from the kernel (see
+    :func:`_parent_death_signal`); only the files are left behind.  Directories touched in
+    the last few minutes are left alone, in case a process is still on its way out.
+    """
+    root = Path(tempfile.gettempdir())
+    now = time.time()
+    for candidate in root.glob(f"{_TEMP_PREFIX}*"):
+        try:
+            owner = int((candidate / _OWNER_FILE).read_text().strip())
+            if now - candidate.stat().st_mtime < _SWEEP_MIN_AGE_S:
+                continue
+        except (OSError, ValueError):
+            continue
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            shutil.rmtree(candidate, ignore_errors=True)
+        except PermissionError:
+            continue
+
+
 class LocalControlPlane:
     """etcd + kube-apiserver (+ kube-controller-manager) on 127.0.0.1, with the CRDs installed.
 
@@ -163,7 +191,7 @@ class LocalControlPlane:
         state_dir: Path | None = None,
         crds: Sequence[Path] | None = None,
         controllers: Sequence[str] | None = DEFAULT_CONTROLLERS,
-        startup_timeout: float = 60.0,
+        startup_timeout: float = 90.0,
         detached: bool = False,
         extra_apiserver_args: Sequence[str] = (),
     ) -> None:
@@ -197,7 +225,9 @@ class LocalControlPlane:
         if self._given_state_dir is not None:
             return self._given_state_dir
         if self._temp_state_dir is None:
-            self._temp_state_dir = Path(tempfile.mkdtemp(prefix="ungater-cp-"))
+            _sweep_stale_temp_dirs()
+            self._temp_state_dir = Path(tempfile.mkdtemp(prefix=_TEMP_PREFIX))
+            (self._temp_state_dir / _OWNER_FILE).write_text(f"{os.getpid()}\n")
         return self._temp_state_dir
 
     @property
@@ -590,7 +620,9 @@ class LocalControlPlane:
             still = []
             for name in pending:
                 status, crd = self.request("GET", f"{base}/{urllib.parse.quote(name)}")
-                conditions = ((crd.get("status") or {}).get("conditions") or []) if status == 200 else []
+                conditions = (
+                    ((crd.get("status") or {}).get("conditions") or []) if status == 200 else []
+                )
                 if not any(
                     c.get("type") == "Established" and c.get("status") == "True" for c in conditions
                 ):

@@ -1,0 +1,96 @@
+{{/* Chart name, shortened to the 63 characters a label value allows. */}}
+{{- define "ungater.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Full name of the release's objects: the release name when it already contains the chart's. */}}
+{{- define "ungater.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "ungater.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels that select the controller's pods; never change them on upgrade. */}}
+{{- define "ungater.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "ungater.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "ungater.labels" -}}
+{{ include "ungater.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/component: controller
+app.kubernetes.io/part-of: ungater
+app.kubernetes.io/managed-by: {{ .Values.managedBy | default .Release.Service }}
+helm.sh/chart: {{ include "ungater.chart" . }}
+{{- end -}}
+
+{{- define "ungater.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "ungater.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The namespace of the leader-election Lease: config.leaderElection.namespace, else the release's. */}}
+{{- define "ungater.leaseNamespace" -}}
+{{- $le := .Values.config.leaderElection | default dict -}}
+{{- $le.namespace | default .Release.Namespace -}}
+{{- end -}}
+
+{{/* The port of config.server.address (":8080", "0.0.0.0:8080"): container port, probes, Service. */}}
+{{- define "ungater.port" -}}
+{{- $server := .Values.config.server | default dict -}}
+{{- $address := $server.address | default ":8080" | toString -}}
+{{- $port := regexFind "[0-9]+$" $address -}}
+{{- if not $port -}}
+{{- fail (printf "config.server.address %q has no port" $address) -}}
+{{- end -}}
+{{- $port -}}
+{{- end -}}
+
+{{/* "cluster" or "namespaced": how the ClusterRole is bound (see rbac.scope in values.yaml). */}}
+{{- define "ungater.rbacScope" -}}
+{{- $scope := .Values.rbac.scope | default "auto" -}}
+{{- if eq $scope "auto" -}}
+{{- if .Values.config.namespaces -}}namespaced{{- else -}}cluster{{- end -}}
+{{- else if eq $scope "cluster" -}}
+cluster
+{{- else if eq $scope "namespaced" -}}
+{{- if not .Values.config.namespaces -}}
+{{- fail "rbac.scope=namespaced needs config.namespaces: with no namespaces the controller watches all of them" -}}
+{{- end -}}
+namespaced
+{{- else -}}
+{{- fail (printf "rbac.scope must be auto, cluster or namespaced, not %q" $scope) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The config file: .Values.config as given, with the Lease namespace filled in. Refuses a
+deployment that would run two releasers at once (replicas > 1 without leader election).
+*/}}
+{{- define "ungater.config" -}}
+{{- $config := deepCopy .Values.config -}}
+{{- $le := get $config "leaderElection" | default dict -}}
+{{- if and (gt (int .Values.replicaCount) 1) (not $le.enabled) -}}
+{{- fail "replicaCount > 1 needs config.leaderElection.enabled: two active replicas would both release the same gate and break the cap" -}}
+{{- end -}}
+{{- if hasKey $config "leaderElection" -}}
+{{- $_ := set $le "namespace" (include "ungater.leaseNamespace" .) -}}
+{{- $_ := set $config "leaderElection" $le -}}
+{{- end -}}
+{{- toYaml $config -}}
+{{- end -}}
