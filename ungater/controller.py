@@ -329,7 +329,7 @@ class Controller:
                     log.warning("%s: pod %s stays gated: %s", key, w.pod, w.reason)
         self.decisions[key] = decision
         if decision.releases:
-            await self._release(key, rt, decision)
+            await self._release(key, rt, owner.name, decision)
         return decision
 
     async def _settle_expired(self, key: OwnerKey, rt: KindRuntime, uids: frozenset[str]) -> None:
@@ -355,7 +355,9 @@ class Controller:
                 self.expectations.expect(key, [uid])
         log.warning("%s: %d expectation(s) expired; settled from the API server", key, len(uids))
 
-    async def _release(self, key: OwnerKey, rt: KindRuntime, decision: Decision) -> None:
+    async def _release(
+        self, key: OwnerKey, rt: KindRuntime, owner_name: str, decision: Decision
+    ) -> None:
         releases = decision.releases
         self.expectations.expect(key, [r.pod.uid for r in releases])
         self._ours.update(r.pod.uid for r in releases)
@@ -386,12 +388,18 @@ class Controller:
                 failed += 1  # unknown outcome: the patch may have landed; keep expecting it
         for pod_set, n in released_by_set.items():
             log.info(
-                "released %d pod(s) of pod set %s (owner %s %s, slice %s)",
+                "released %d pod(s) of pod set %s of %s %s/%s (slice %s)",
                 n,
                 pod_set,
                 rt.kind,
-                key,
+                key.namespace,
+                owner_name,
                 decision.active_slice,
+                extra={
+                    "workload": decision.active_slice,
+                    "owner": f"{rt.kind} {key.namespace}/{owner_name}",
+                    "pod_set": pod_set,
+                },
             )
         if failed:
             raise RuntimeError(f"{failed} patch(es) failed for {key}")
