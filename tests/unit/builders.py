@@ -64,7 +64,7 @@ def workload(
     uid: str | None = None,
     created: int = 0,
     pod_sets: Mapping[str, Any] | Sequence[tuple[str, Any]] = (("main", 4),),
-    admitted: Mapping[str, Any] | Sequence[tuple[str, Any]] | None | object = _ABSENT,
+    admitted: Mapping[str, Any] | Sequence[tuple[str, Any]] | object | None = _ABSENT,
     conditions: Iterable[str | tuple[str, str] | dict[str, Any]] = ("QuotaReserved", "Admitted"),
     replacement_for: str | None = None,
     slice_name: str | None = None,

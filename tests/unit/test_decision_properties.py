@@ -27,6 +27,7 @@ SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[Heal
 _valid = [2, 3, 1, 4, 2, 3, 5, 6, 1, 2, 0]
 # spec counts: _ABSENT leaves the key out; admitted counts: None leaves the count out
 _valid_counts = st.sampled_from(_valid)
+_valid_admitted = st.sampled_from([*_valid, None, None])  # None: count absent, valid
 FEATURES = frozenset(
     {
         "deleting",
@@ -52,9 +53,15 @@ condition_statuses = (
     ("Finished", st.sampled_from([None, None, None, "False", "True"])),
     ("Evicted", st.sampled_from([None, None, None, "False", "True"])),
 )
-timestamps = st.integers(min_value=0, max_value=2)
+timestamps = st.sampled_from([1, 1, 0, 2])  # same-second slices are common here
+# mostly a real chain (wl-i replaces wl-(i-1)); sometimes a gone origin, no link, or any link
 links_by_n = {
-    n: [st.sampled_from([None, "gone", *(f"wl-{j}" for j in range(n) if j != i)]) for i in range(n)]
+    n: [
+        st.sampled_from(
+            [f"wl-{i - 1}"] * 4 * (i > 0) + [None, "gone", *(f"wl-{j}" for j in range(n) if j != i)]
+        )
+        for i in range(n)
+    ]
     for n in range(1, 5)
 }
 uid_perms = {n: st.permutations([f"u{i}" for i in range(n)]) for n in range(1, 5)}
@@ -77,7 +84,7 @@ def slice_chains(draw: st.DrawFn, valid_counts: bool = False) -> list[WorkloadVi
             for s in sets:
                 if admission == "partial" and draw(st.booleans()):
                     continue  # pod set missing from admission
-                admitted[s] = draw(_valid_counts if valid_counts else admitted_counts)
+                admitted[s] = draw(_valid_admitted if valid_counts else admitted_counts)
         conds: list[Any] = []
         for kind, statuses in condition_statuses:
             status = draw(statuses)

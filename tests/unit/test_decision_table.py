@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from tests.unit.builders import GATE, TOPOLOGY_GATE, facts, wl_view
 
+from tests.unit.builders import GATE, TOPOLOGY_GATE, facts, wl_view
 from ungater.decision import (
     Decision,
     Ownership,

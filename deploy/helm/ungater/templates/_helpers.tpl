@@ -50,6 +50,12 @@ helm.sh/chart: {{ include "ungater.chart" . }}
 {{- $le.namespace | default .Release.Namespace -}}
 {{- end -}}
 
+{{/* The name of the leader-election Lease: config.leaderElection.leaseName, else the full name. */}}
+{{- define "ungater.leaseName" -}}
+{{- $le := .Values.config.leaderElection | default dict -}}
+{{- $le.leaseName | default (include "ungater.fullname" .) -}}
+{{- end -}}
+
 {{/* The port of config.server.address (":8080", "0.0.0.0:8080"): container port, probes, Service. */}}
 {{- define "ungater.port" -}}
 {{- $server := .Values.config.server | default dict -}}
@@ -79,7 +85,7 @@ namespaced
 {{- end -}}
 
 {{/*
-The config file: .Values.config as given, with the Lease namespace filled in. Refuses a
+The config file: .Values.config as given, with the Lease namespace and name filled in. Refuses a
 deployment that would run two releasers at once (replicas > 1 without leader election).
 */}}
 {{- define "ungater.config" -}}
@@ -90,6 +96,7 @@ deployment that would run two releasers at once (replicas > 1 without leader ele
 {{- end -}}
 {{- if hasKey $config "leaderElection" -}}
 {{- $_ := set $le "namespace" (include "ungater.leaseNamespace" .) -}}
+{{- $_ := set $le "leaseName" (include "ungater.leaseName" .) -}}
 {{- $_ := set $config "leaderElection" $le -}}
 {{- end -}}
 {{- toYaml $config -}}

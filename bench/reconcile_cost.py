@@ -1,0 +1,105 @@
+"""The cost of one reconcile as the caches grow, measured in-process on synthetic caches.
+
+A real ``Controller`` (real plugin registry, real indexes, real decision) with a client that
+answers every patch at once; its Workload and pod indexes are filled directly with views parsed
+from API-shaped objects (``ungater.model.parse_*``), so 50k cached pods cost seconds, not a
+cluster. Timed: ``await controller.reconcile(key)`` for one owner with 10 pods, both when it
+releases all 10 (expectations reset between calls) and when it has nothing left to release.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import time
+import uuid
+from typing import Any
+
+from bench.controller_proc import memory_mb
+from bench.objects import admission_status, pod_body, workload_body
+from ungater.cache import OwnerKey
+from ungater.config import Config
+from ungater.controller import Controller
+from ungater.kube import Resource
+from ungater.model import Kind, parse_pod, parse_workload
+from ungater.registry import PluginRegistry
+
+__all__ = ["reconcile_cost"]
+
+_NS = "bench-synthetic"
+_JOB = Kind("batch", "Job")
+_PODS_PER_OWNER = 10
+
+
+class _InstantClient:
+    """Answers the calls a reconcile can make, at once (no I/O)."""
+
+    async def json_patch(
+        self, resource: Resource, namespace: str | None, name: str, ops: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        return {}
+
+    async def get(self, resource: Resource, namespace: str | None, name: str) -> None:
+        return None
+
+
+def _job(index: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": f"job-{index}", "namespace": _NS, "uid": str(uuid.uuid4())},
+    }
+
+
+def _add_owner(ctl: Controller, index: int, gated: bool) -> OwnerKey:
+    job = _job(index)
+    wl = workload_body(job, f"job-{index}-a", _PODS_PER_OWNER, "synthetic")
+    wl["metadata"].update(namespace=_NS, uid=str(uuid.uuid4()))
+    wl["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    wl.update(admission_status(_PODS_PER_OWNER))
+    ctl.workloads.on_change(None, parse_workload(wl))
+    pods = ctl.kinds[_JOB].pods
+    for i in range(_PODS_PER_OWNER):
+        pod = pod_body(job, i, "synthetic", gated=gated)
+        pod["metadata"].update(namespace=_NS, uid=str(uuid.uuid4()))
+        pod["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+        pods.on_change(None, parse_pod(pod))
+    return OwnerKey(_NS, job["metadata"]["uid"])
+
+
+async def _time(ctl: Controller, key: OwnerKey, repeats: int, reset: bool) -> list[float]:
+    out: list[float] = []
+    for _ in range(repeats):
+        if reset:
+            ctl.expectations.forget_key(key)
+        t = time.perf_counter()
+        await ctl.reconcile(key)
+        out.append((time.perf_counter() - t) * 1e6)
+    return out
+
+
+async def reconcile_cost(others: tuple[int, ...], repeats: int) -> dict[str, Any]:
+    """Microseconds per reconcile of one 10-pod owner while ``others`` pods are cached."""
+    logging.getLogger("ungater").setLevel(logging.WARNING)  # the harness does not log releases
+    config = Config.model_validate(
+        {"namespaces": [_NS], "kinds": [{"group": "batch", "kind": "Job"}]}
+    )
+    ctl = Controller(config, _InstantClient(), PluginRegistry.discover())  # type: ignore[arg-type]
+    releasing = _add_owner(ctl, 0, gated=True)
+    idle = _add_owner(ctl, 1, gated=False)
+    rss0 = memory_mb(os.getpid())["VmRSS"]
+    cached = 0
+    owners = 2
+    out: dict[str, Any] = {"releasing": {}, "idle": {}, "bytes_per_cached_pod": None}
+    for target in sorted(others):
+        while cached < target:
+            _add_owner(ctl, owners, gated=owners % 2 == 0)
+            owners += 1
+            cached += _PODS_PER_OWNER
+        gc.collect()
+        out["releasing"][str(target)] = await _time(ctl, releasing, repeats, reset=True)
+        out["idle"][str(target)] = await _time(ctl, idle, repeats, reset=False)
+    if cached:
+        out["bytes_per_cached_pod"] = (memory_mb(os.getpid())["VmRSS"] - rss0) * 1e6 / cached
+    return out

@@ -1,0 +1,239 @@
+"""One benchmark run: the scenarios in order, per controller config, and the JSON result.
+
+For each client config ("raised": QPS/burst out of the way; "default": the built-in 200/400)
+the controller runs as its own process over the namespace while the harness measures release
+latency per pod-set size (the largest interleaved with the raw baseline, for the throughput
+ratio), freed-slot latency, arrival latency and scale-up churn. Then the scale scenario (its
+own controller starts) and the in-process reconcile cost.
+"""
+
+from __future__ import annotations
+
+import secrets
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from bench import churn, release, slots
+from bench.api import BenchApi
+from bench.bed import Bed
+from bench.controller_proc import ControllerProcess, controller_config
+from bench.machine import load_average, machine_info
+from bench.observer import PodObserver
+from bench.reconcile_cost import reconcile_cost
+from bench.report import table_rows
+from bench.scale import scale
+from bench.sizes import Sizes
+from bench.stats import summarize
+
+__all__ = ["Options", "run_all"]
+
+SCENARIOS = ("latency", "throughput", "freed", "arrival", "churn", "scale", "reconcile")
+
+
+@dataclass
+class Options:
+    kubeconfig: Path
+    sizes: Sizes
+    workdir: Path
+    namespace: str = "bench-ns"
+    raw_namespace: str = "bench-raw"
+    only: frozenset[str] = frozenset(SCENARIOS)
+    py_spy: str | None = None
+    delete_namespaces: bool = False
+
+
+def _limits(raised: bool) -> tuple[float, int]:
+    return (100000.0, 100000) if raised else (200.0, 400)
+
+
+async def _kubernetes_version(api: BenchApi) -> str:
+    from kubernetes_asyncio import client
+
+    info = await client.VersionApi(api._api).get_code()
+    return str(info.git_version)
+
+
+async def _with_controller(
+    opts: Options, bed: Bed, raw: Bed, label: str, raised: bool
+) -> dict[str, Any]:
+    """Every scenario that needs the controller running under one client config."""
+    out: dict[str, Any] = {}
+    proc = ControllerProcess(
+        opts.kubeconfig, controller_config(opts.namespace, raised), opts.workdir, label
+    )
+    async with anyio.create_task_group() as tg:
+        await proc.start(tg)
+        try:
+            out.update(await _measure(opts, bed, raw, label, raised, proc))
+        finally:
+            out["controller_exit_code"] = await proc.stop()
+            out["controller_warnings"] = proc.count("WARNING")
+            out["controller_log"] = str(proc.log_path)
+    return out
+
+
+async def _measure(
+    opts: Options, bed: Bed, raw: Bed, label: str, raised: bool, proc: ControllerProcess
+) -> dict[str, Any]:
+    s = opts.sizes
+    out: dict[str, Any] = {}
+    if "latency" in opts.only or "throughput" in opts.only:
+        latency: dict[str, Any] = {}
+        for pods, repeats in sorted(s.latency_repeats.items()):
+            if pods == s.throughput_pods and "throughput" in opts.only:
+                out["throughput"] = await _throughput(opts, bed, raw, label, raised, proc)
+                samples = out["throughput"].pop("latency_samples")
+            elif "latency" in opts.only:
+                samples = await release.release_latency(bed, pods, repeats)
+            else:
+                continue
+            latency[str(pods)] = summarize(samples, "s")
+        out["release_latency"] = latency
+    if "freed" in opts.only:
+        samples = await slots.freed_slot_latency(bed, s.freed_cap, s.freed_samples)
+        out["freed_slot_latency"] = summarize(samples, "s")
+    if "arrival" in opts.only:
+        samples = await slots.arrival_latency(bed, s.arrival_rounds, s.arrival_batch)
+        out["arrival_latency"] = summarize(samples, "s")
+    if "churn" in opts.only:
+        totals, per = await churn.scaleup_churn(
+            bed, s.churn_workloads, s.churn_from, s.churn_to, s.churn_repeats
+        )
+        out["scaleup_churn"] = {
+            "workloads": s.churn_workloads,
+            "from": s.churn_from,
+            "to": s.churn_to,
+            "total": summarize(totals, "s"),
+            "per_workload": summarize(per, "s"),
+        }
+    return out
+
+
+async def _throughput(
+    opts: Options, bed: Bed, raw: Bed, label: str, raised: bool, proc: ControllerProcess
+) -> dict[str, Any]:
+    """Controller and raw baseline at the same size, interleaved repeat by repeat."""
+    s = opts.sizes
+    pods = s.throughput_pods
+    qps, burst = _limits(raised)
+    latencies: list[float] = []
+    baseline: list[float] = []
+    profile = opts.workdir / f"profile-controller-{label}.txt"
+    if opts.py_spy and raised:
+        proc.profile(opts.py_spy, profile)
+    try:
+        for _ in range(s.latency_repeats.get(pods, s.baseline_repeats)):
+            latencies.extend(await release.release_latency(bed, pods, 1))
+            baseline.extend(await release.baseline_throughput(raw, pods, 1, qps, burst))
+    finally:
+        await proc.stop_profile()
+    controller = [pods / x for x in latencies]
+    out: dict[str, Any] = {
+        "pods": pods,
+        "qps": qps,
+        "burst": burst,
+        "controller": summarize(controller, "pods/s"),
+        "baseline": summarize(baseline, "pods/s"),
+        "ratio": statistics.median(controller) / statistics.median(baseline),
+        "latency_samples": latencies,
+    }
+    if opts.py_spy and raised:
+        out["profile"] = str(profile)
+    return out
+
+
+async def run_all(opts: Options) -> dict[str, Any]:
+    started = time.time()
+    load_before = load_average()
+    run = secrets.token_hex(3)
+    api = await BenchApi.connect(opts.kubeconfig)
+    metrics: dict[str, Any] = {}
+    per_config: dict[str, dict[str, Any]] = {}
+    try:
+        version = await _kubernetes_version(api)
+        for ns in (opts.namespace, opts.raw_namespace):
+            await api.ensure_namespace(ns)
+            await api.empty_namespace(ns)
+        async with anyio.create_task_group() as tg:
+            bed = Bed(
+                api, opts.namespace, opts.kubeconfig, run, PodObserver(api.kube, opts.namespace)
+            )
+            raw = Bed(
+                api,
+                opts.raw_namespace,
+                opts.kubeconfig,
+                run,
+                PodObserver(api.kube, opts.raw_namespace),
+            )
+            for b in (bed, raw):
+                tg.start_soon(b.observer.run)
+                with anyio.fail_after(30):
+                    await b.observer.synced.wait()
+            configs = [("raised", True)] + (
+                [("default", False)] if opts.sizes.default_config else []
+            )
+            for label, raised in configs:
+                if opts.only & {"latency", "throughput", "freed", "arrival", "churn"}:
+                    per_config[label] = await _with_controller(opts, bed, raw, label, raised)
+            if "scale" in opts.only:
+                metrics["scale"] = await _scale(opts, bed)
+            tg.cancel_scope.cancel()
+        if "reconcile" in opts.only:
+            metrics["reconcile_cost"] = _reconcile_summary(
+                await reconcile_cost(opts.sizes.reconcile_others, opts.sizes.reconcile_repeats)
+            )
+        if opts.delete_namespaces:
+            for ns in (opts.namespace, opts.raw_namespace):
+                await api.delete_namespace(ns)
+    finally:
+        await api.close()
+    for label, res in per_config.items():
+        for key, value in res.items():
+            metrics.setdefault(key, {})[label] = value
+    result = {
+        "meta": {
+            "machine": machine_info(version),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+            "duration_seconds": round(time.time() - started, 1),
+            "load_average_before": load_before,
+            "load_average_after": load_average(),
+            "sizes": {k: v for k, v in vars(opts.sizes).items() if k != "notes"},
+            "namespace": opts.namespace,
+        },
+        "metrics": metrics,
+    }
+    result["table"] = table_rows(metrics)
+    return result
+
+
+async def _scale(opts: Options, bed: Bed) -> dict[str, Any]:
+    s = opts.sizes
+    config = controller_config(opts.namespace, raised=False)
+
+    def start(label: str) -> ControllerProcess:
+        return ControllerProcess(opts.kubeconfig, config, opts.workdir, label)
+
+    raw = await scale(bed, s.scale_workloads, s.scale_pods_each, s.scale_restarts, start)
+    out: dict[str, Any] = {k: v for k, v in raw.items() if not isinstance(v, list)}
+    out["config"] = "default"
+    out["sync_seconds"] = summarize(raw["sync_seconds"], "s")
+    out["rss_synced_mb"] = summarize(raw["rss_synced_mb"], "MB")
+    out["rss_settled_mb"] = summarize(raw["rss_settled_mb"], "MB")
+    for key, unit in (("release_all_seconds", "s"), ("peak_rss_mb", "MB")):
+        if key in raw:
+            out[key] = summarize([raw[key]], unit)
+    return out
+
+
+def _reconcile_summary(raw: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"bytes_per_cached_pod": raw["bytes_per_cached_pod"]}
+    for mode in ("releasing", "idle"):
+        out[mode] = {size: summarize(samples, "us") for size, samples in raw[mode].items()}
+        medians = [v["median"] for v in out[mode].values()]
+        out[f"{mode}_ratio"] = max(medians) / min(medians) if medians else float("nan")
+    return out
