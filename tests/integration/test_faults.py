@@ -47,29 +47,29 @@ async def test_apiserver_killed_and_restarted_mid_scale_up(
     config = config_for(
         ns, watch={"backoffInitialSeconds": 0.1, "backoffMaxSeconds": 1.0, "silenceSeconds": 20}
     )
-    async with monitoring(kube, ns, sel, cap=3) as mon:
-        async with running_controller(control_plane.kubeconfig_path, config):
-            await eventually(lambda: _eq(released_indexes(kube, ns, sel), [0, 1, 2]))
-            await scale(kube, ns, "restart", 6)
-            await eventually(lambda: _count(kube, ns, sel, 6), timeout=30)
-            await create_workload(
-                kube,
-                job,
-                "job-restart-b",
-                {"main": 6},
-                replaces="job-restart-a",
-                slice_name="job-restart-a",
-            )
-            await anyio.to_thread.run_sync(control_plane.kill_apiserver)
-            await anyio.sleep(1.0)  # the controller's watches and requests fail meanwhile
-            await anyio.to_thread.run_sync(control_plane.start_apiserver)
-            mon.cap = 6
-            await admit(kube, ns, "job-restart-b", {"main": 6})
-            await finish(kube, ns, "job-restart-a")
-            await eventually(
-                lambda: _eq(released_indexes(kube, ns, sel), list(range(6))), timeout=60
-            )
-            await holds_for(lambda: _eq(released_indexes(kube, ns, sel), list(range(6))), 1.0)
+    async with (
+        monitoring(kube, ns, sel, cap=3) as mon,
+        running_controller(control_plane.kubeconfig_path, config),
+    ):
+        await eventually(lambda: _eq(released_indexes(kube, ns, sel), [0, 1, 2]))
+        await scale(kube, ns, "restart", 6)
+        await eventually(lambda: _count(kube, ns, sel, 6), timeout=30)
+        await create_workload(
+            kube,
+            job,
+            "job-restart-b",
+            {"main": 6},
+            replaces="job-restart-a",
+            slice_name="job-restart-a",
+        )
+        await anyio.to_thread.run_sync(control_plane.kill_apiserver)
+        await anyio.sleep(1.0)  # the controller's watches and requests fail meanwhile
+        await anyio.to_thread.run_sync(control_plane.start_apiserver)
+        mon.cap = 6
+        await admit(kube, ns, "job-restart-b", {"main": 6})
+        await finish(kube, ns, "job-restart-a")
+        await eventually(lambda: _eq(released_indexes(kube, ns, sel), list(range(6))), timeout=60)
+        await holds_for(lambda: _eq(released_indexes(kube, ns, sel), list(range(6))), 1.0)
     assert mon.relists >= 2  # the monitor saw the restart too
 
 
@@ -89,25 +89,28 @@ async def test_watch_connections_cut_every_few_seconds(
     )
     async with proxied(control_plane.apiserver_port) as proxy:
         kc = kubeconfig_via(control_plane.kubeconfig_path, proxy.port, tmp_path / "kubeconfig")
-        async with monitoring(kube, ns, sel, cap=2) as mon, running_controller(kc, config) as ctl:
-            async with anyio.create_task_group() as tg:
+        async with (
+            monitoring(kube, ns, sel, cap=2) as mon,
+            running_controller(kc, config) as ctl,
+            anyio.create_task_group() as tg,
+        ):
 
-                async def cutter() -> None:
-                    for _ in range(100):  # bounded: the test cancels it long before
-                        await anyio.sleep(2.0)
-                        proxy.cut_all()
+            async def cutter() -> None:
+                for _ in range(100):  # bounded: the test cancels it long before
+                    await anyio.sleep(2.0)
+                    proxy.cut_all()
 
-                tg.start_soon(cutter)
-                for cap in (2, 5, 8):  # the admission grows while connections keep dropping
-                    mon.cap = cap
-                    await admit(kube, ns, "job-cut-a", {"main": cap})
-                    await eventually(
-                        lambda cap=cap: _eq(released_indexes(kube, ns, sel), list(range(cap))),
-                        timeout=30,
-                        what=f"{cap} released through cuts",
-                    )
-                    await anyio.sleep(2.5)  # make sure at least one cut lands in each phase
-                tg.cancel_scope.cancel()
+            tg.start_soon(cutter)
+            for cap in (2, 5, 8):  # the admission grows while connections keep dropping
+                mon.cap = cap
+                await admit(kube, ns, "job-cut-a", {"main": cap})
+                await eventually(
+                    lambda cap=cap: _eq(released_indexes(kube, ns, sel), list(range(cap))),
+                    timeout=30,
+                    what=f"{cap} released through cuts",
+                )
+                await anyio.sleep(2.5)  # make sure at least one cut lands in each phase
+            tg.cancel_scope.cancel()
         assert proxy.cuts >= 3
         assert sum(r.stats.watch_restarts for r in ctl.reflectors) >= 3
 
