@@ -9,6 +9,7 @@ only complete; each replica is a release group, released whole or not at all.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ungater.plugin_api import (
     Kind,
@@ -16,6 +17,7 @@ from ungater.plugin_api import (
     ObjectRef,
     PodView,
     ReleaseGroup,
+    ResourceSpec,
     chain_matches,
     hookimpl,
     int_or_none,
@@ -26,9 +28,11 @@ __all__ = [
     "CLUSTER_LABEL",
     "GROUP_LABEL",
     "HEAD_POD_SET",
+    "HOSTS_FACT",
     "HOST_INDEX_LABEL",
     "NODE_TYPE_LABEL",
     "RAYCLUSTER",
+    "RAYCLUSTERS",
     "REPLICA_INDEX_LABEL",
     "REPLICA_NAME_LABEL",
 ]
@@ -60,9 +64,34 @@ def _is_head(pod: PodView) -> bool:
     return pod.labels.get(NODE_TYPE_LABEL) == "head"
 
 
+# numOfHosts lives only in the RayCluster spec, so the core watches RayClusters for it.
+RAYCLUSTERS = ResourceSpec(group="ray.io", version="v1", kind="RayCluster", plural="rayclusters")
+HOSTS_FACT = "numOfHosts"  # owner fact: {group name: numOfHosts}
+
+
 @hookimpl
 def ungater_kinds() -> Sequence[KindSpec]:
-    return [KindSpec(group=RAYCLUSTER.group, kind=RAYCLUSTER.kind, pod_label=CLUSTER_LABEL)]
+    return [
+        KindSpec(
+            group=RAYCLUSTER.group,
+            kind=RAYCLUSTER.kind,
+            pod_label=CLUSTER_LABEL,
+            owner_resource=RAYCLUSTERS,
+        )
+    ]
+
+
+@hookimpl
+def ungater_owner_facts(owner_object: Mapping[str, Any]) -> Mapping[str, Any]:
+    hosts: dict[str, int] = {}
+    spec = owner_object.get("spec") or {}
+    for group in spec.get("workerGroupSpecs") or ():
+        if not isinstance(group, Mapping):
+            continue
+        name, n = group.get("groupName"), group.get("numOfHosts", 1)
+        if isinstance(name, str) and isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+            hosts[name] = n
+    return {HOSTS_FACT: hosts}
 
 
 @hookimpl
@@ -106,12 +135,14 @@ def ungater_sort_key(pod: PodView) -> tuple[int | str, ...]:
 
 
 @hookimpl
-def ungater_release_group(pod: PodView) -> ReleaseGroup | None:
+def ungater_release_group(pod: PodView, owner_facts: Mapping[str, Any]) -> ReleaseGroup | None:
     if _is_head(pod):
         return None
     replica_name = pod.labels.get(REPLICA_NAME_LABEL)
     if not replica_name:
         return None  # a single-host worker (or KubeRay without multi-host indexing)
-    # numOfHosts is in the RayCluster spec only: no label, annotation or env var on the pod
-    # carries it, so the group is "whatever members exist" (see docs/plugins.md).
-    return ReleaseGroup(key=replica_name)
+    # numOfHosts is in the RayCluster spec only (no label or annotation carries it): with the
+    # owner's facts a replica that is not yet complete waits; without them (the RayCluster is
+    # not cached yet) the group is "whatever members exist".
+    hosts = (owner_facts.get(HOSTS_FACT) or {}).get(pod.labels.get(GROUP_LABEL, ""))
+    return ReleaseGroup(key=replica_name, size=hosts if isinstance(hosts, int) else None)

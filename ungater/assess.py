@@ -7,6 +7,7 @@ exact decision the controller would take on the same data.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from ungater.cache import resolve_chain
 from ungater.decision import Ownership, PodFacts
@@ -29,6 +30,7 @@ def pod_facts(
     owner: ObjectRef,
     pods: Iterable[PodView],
     objects: Mapping[str, ObjectView],
+    owner_facts: Mapping[str, Any] | None = None,
 ) -> list[PodFacts]:
     """Ask the plugin about every candidate pod; the core proves the chain, the plugin its shape.
 
@@ -46,7 +48,7 @@ def pod_facts(
                 pod=pod,
                 pod_set=handler.pod_set(owner, pod),
                 sort_key=handler.sort_key(owner, pod),
-                group=handler.release_group(owner, pod),
+                group=handler.release_group(owner, pod, owner_facts),
                 ownership=ownership,
             )
         )

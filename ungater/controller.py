@@ -106,6 +106,15 @@ class KindRuntime:
         return self.handler.kind
 
 
+@dataclass(frozen=True, slots=True)
+class OwnerFacts:
+    """What a plugin extracted from an owner object, kept instead of the object."""
+
+    namespace: str
+    uid: str
+    facts: dict[str, Any]
+
+
 @dataclass
 class Stats:
     reconciles: int = 0
@@ -135,6 +144,7 @@ class Controller:
         self._resolve_kinds()
         self.workloads = WorkloadIndex()
         self.objects: dict[str, ObjectView] = {}
+        self.owner_facts: dict[str, dict[str, Any]] = {}
         self.queue: WorkQueue[OwnerKey] = WorkQueue()
         self.expectations = Expectations(config.expectations_timeout_seconds, clock)
         self.reflectors: list[Reflector[Any]] = []
@@ -214,6 +224,23 @@ class Controller:
                         **common,
                     )
                 )
+            for rt in self.kinds.values():
+                owner_spec = rt.handler.spec.owner_resource
+                if owner_spec is not None:
+                    res = Resource(
+                        owner_spec.group, owner_spec.version, owner_spec.plural, owner_spec.kind
+                    )
+                    self.reflectors.append(
+                        Reflector(
+                            self.client,
+                            res,
+                            ns,
+                            self._owner_parser(rt),
+                            self._on_owner,
+                            label_selector=owner_spec.label_selector,
+                            **common,
+                        )
+                    )
             for spec in intermediates.values():
                 res = Resource(spec.group, spec.version, spec.plural, spec.kind)
                 self.reflectors.append(
@@ -243,6 +270,28 @@ class Controller:
         for wl in (old, new):
             if wl is not None and wl.owner is not None:
                 self.queue.add(OwnerKey(wl.namespace, wl.owner.uid))
+
+    def _owner_parser(self, rt: KindRuntime) -> Callable[[Mapping[str, Any]], OwnerFacts | None]:
+        def parse(obj: Mapping[str, Any]) -> OwnerFacts | None:
+            meta = obj.get("metadata") or {}
+            try:
+                facts = rt.handler.owner_facts(obj)
+            except PluginError as exc:
+                self.stats.plugin_errors += 1
+                log.error("%s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
+                facts = {}
+            return OwnerFacts(str(meta.get("namespace", "")), str(meta.get("uid", "")), facts)
+
+        return parse
+
+    def _on_owner(self, old: OwnerFacts | None, new: OwnerFacts | None) -> None:
+        if new is not None:
+            self.owner_facts[new.uid] = new.facts
+        elif old is not None:
+            self.owner_facts.pop(old.uid, None)
+        view = new or old
+        if view is not None and self.workloads.has_owner(view.uid):
+            self.queue.add(OwnerKey(view.namespace, view.uid))
 
     def _on_object(self, old: ObjectView | None, new: ObjectView | None) -> None:
         if new is not None:
@@ -315,7 +364,7 @@ class Controller:
             await self._settle_expired(key, rt, expired)
         selector = rt.handler.pod_selector(owner)
         pods = rt.pods.select(key.namespace, selector)
-        facts = pod_facts(rt.handler, owner, pods, self.objects)
+        facts = pod_facts(rt.handler, owner, pods, self.objects, self.owner_facts.get(owner.uid))
         decision = decide(
             slices,
             facts,

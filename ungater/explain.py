@@ -62,6 +62,15 @@ async def explain(
             spec.label_selector,
         )
         objects.update((o.uid, o) for o in map(parse_object, found))
+    owner_facts: dict[str, Any] = {}
+    owner_spec = handler.spec.owner_resource
+    if owner_spec is not None:
+        res_owner = Resource(
+            owner_spec.group, owner_spec.version, owner_spec.plural, owner_spec.kind
+        )
+        owner_obj = await client.get(res_owner, namespace, owner.name)
+        if owner_obj is not None and (owner_obj.get("metadata") or {}).get("uid") == owner.uid:
+            owner_facts = handler.owner_facts(owner_obj)
     selector = handler.pod_selector(owner)
     raw_pods, _ = await client.list_objects(
         PODS, namespace, ",".join(f"{k}={v}" for k, v in selector.items())
@@ -70,7 +79,7 @@ async def explain(
     gate = config.gate_for(kc)
     decision = decide(
         slices,
-        pod_facts(handler, owner, pods, objects),
+        pod_facts(handler, owner, pods, objects, owner_facts),
         gate,
         apply_pod_set_updates=config.apply_pod_set_updates,
     )

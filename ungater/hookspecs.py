@@ -9,6 +9,7 @@ check whether an owner is "its" kind.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pluggy
 
@@ -69,5 +70,21 @@ def ungater_sort_key(owner: ObjectRef, pod: PodView) -> SortKey:  # type: ignore
 
 
 @hookspec(firstresult=True)
-def ungater_release_group(owner: ObjectRef, pod: PodView) -> ReleaseGroup | None:
-    """Return the group ``pod`` must be released with (all or none), or None for a lone pod."""
+def ungater_owner_facts(owner_object: Mapping[str, Any]) -> Mapping[str, Any]:  # type: ignore[empty-body]
+    """Extract the few facts the plugin needs from a raw owner object (JSON as served).
+
+    Called only for kinds whose ``KindSpec.owner_resource`` is set, on every change of such an
+    object; the core keeps the result (not the object) and hands it to
+    ``ungater_release_group``. Return plain, small data: ints, strs, and mappings of them.
+    """
+
+
+@hookspec(firstresult=True)
+def ungater_release_group(
+    owner: ObjectRef, pod: PodView, owner_facts: Mapping[str, Any]
+) -> ReleaseGroup | None:
+    """Return the group ``pod`` must be released with (all or none), or None for a lone pod.
+
+    ``owner_facts`` is what ``ungater_owner_facts`` extracted from the owner object, or an empty
+    mapping when the kind has no ``owner_resource`` or the owner is not cached yet.
+    """

@@ -211,7 +211,7 @@ class LeaderElector:
             term is not None
             and term.active
             and renewed is not None
-            and self._clock() < renewed + self.renew_deadline + 100
+            and self._clock() < renewed + self.renew_deadline
         )
 
     @property
@@ -287,7 +287,7 @@ class LeaderElector:
             if self._released:
                 return
             remaining = self._renewed_at + self.renew_deadline - self._clock()
-            if remaining <= -100:
+            if remaining <= 0:
                 self._end_term(f"could not renew within {self.renew_deadline}s")
                 return
             ok = await self._within(remaining, self._renew)
@@ -296,14 +296,16 @@ class LeaderElector:
             holder = self.holder
             if holder and holder != self.identity:
                 self._end_term(f"the lease is held by {holder}")
-            elif False:
+            elif not self._fresh():
                 self._end_term(
                     f"could not renew within {self.renew_deadline}s"
                     + (f" (last error: {self.stats.last_error})" if self.stats.last_error else "")
                 )
 
     def _fresh(self) -> bool:
-        return self._renewed_at is not None
+        return self._renewed_at is not None and (
+            self._clock() < self._renewed_at + self.renew_deadline
+        )
 
     async def _within(self, seconds: float, fn: Callable[[], Awaitable[bool]]) -> bool | None:
         """``fn()`` bounded by ``seconds`` of the elector's clock; None when it ran out of time.

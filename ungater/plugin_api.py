@@ -65,12 +65,16 @@ class KindSpec:
       them by its value, so one reconcile touches only that owner's pods.
     - ``intermediates``: kinds that sit between the owner and its pods in the ownerReference
       chain (a JobSet's child Jobs). The core caches them so ownership can be proven.
+    - ``owner_resource``: set it when the plugin needs facts from the owner object itself (a
+      RayCluster's ``numOfHosts`` per worker group). The core watches these objects, keeps only
+      what ``ungater_owner_facts`` extracts, and passes it to ``ungater_release_group``.
     """
 
     group: str
     kind: str
     pod_label: str
     intermediates: tuple[ResourceSpec, ...] = ()
+    owner_resource: ResourceSpec | None = None
 
     @property
     def group_kind(self) -> Kind:

@@ -74,6 +74,7 @@ class KindHandler:
         self._pod_set = pm.subset_hook_caller("ungater_pod_set", others)
         self._sort_key = pm.subset_hook_caller("ungater_sort_key", others)
         self._release_group = pm.subset_hook_caller("ungater_release_group", others)
+        self._owner_facts = pm.subset_hook_caller("ungater_owner_facts", others)
 
     @property
     def kind(self) -> Kind:
@@ -119,13 +120,29 @@ class KindHandler:
             )
         return result
 
-    def release_group(self, owner: ObjectRef, pod: PodView) -> ReleaseGroup | None:
-        result = self._call("ungater_release_group", self._release_group, owner=owner, pod=pod)
+    def release_group(
+        self, owner: ObjectRef, pod: PodView, owner_facts: Mapping[str, Any] | None = None
+    ) -> ReleaseGroup | None:
+        result = self._call(
+            "ungater_release_group",
+            self._release_group,
+            owner=owner,
+            pod=pod,
+            owner_facts=owner_facts or {},
+        )
         if result is not None and not isinstance(result, ReleaseGroup):
             raise PluginError(
                 self.plugin, "ungater_release_group", f"not a ReleaseGroup: {result!r}"
             )
         return result
+
+    def owner_facts(self, owner_object: Mapping[str, Any]) -> dict[str, Any]:
+        result = self._call("ungater_owner_facts", self._owner_facts, owner_object=owner_object)
+        if result is None:
+            return {}
+        if not isinstance(result, Mapping):
+            raise PluginError(self.plugin, "ungater_owner_facts", f"not a mapping: {result!r}")
+        return dict(result)
 
 
 class PluginRegistry:

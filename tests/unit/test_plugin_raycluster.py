@@ -58,8 +58,21 @@ def multi_host_replica(
 
 def test_kinds_declares_raycluster_by_cluster_name_label() -> None:
     assert ray_plugin.ungater_kinds() == [
-        KindSpec(group="ray.io", kind="RayCluster", pod_label="ray.io/cluster")
+        KindSpec(
+            group="ray.io",
+            kind="RayCluster",
+            pod_label="ray.io/cluster",
+            owner_resource=ray_plugin.RAYCLUSTERS,
+        )
     ]
+
+
+def test_owner_facts_are_num_of_hosts_per_worker_group() -> None:
+    rc = raycluster("rc", {"tpu": (2, 4), "cpu": (3, 1)})
+    assert handler().owner_facts(rc) == {"numOfHosts": {"tpu": 4, "cpu": 1}}
+    broken = raycluster("rc", {"tpu": (2, 4)})
+    broken["spec"]["workerGroupSpecs"][0]["numOfHosts"] = "four"
+    assert handler().owner_facts(broken) == {"numOfHosts": {}}
 
 
 def test_selector_is_the_cluster_name_and_matches_head_and_workers() -> None:
@@ -169,7 +182,29 @@ def test_multi_host_workers_are_grouped_by_replica_name() -> None:
     replica = multi_host_replica(rc, "tpu", 0, 4)
     groups = {h.release_group(owner, parse_pod(p)) for p in replica}
     name = replica[0]["metadata"]["labels"]["ray.io/worker-group-replica-name"]
-    assert groups == {ReleaseGroup(key=name, size=None)}
+    assert groups == {ReleaseGroup(key=name, size=None)}  # the RayCluster is not cached yet
+    facts_ = h.owner_facts(rc)
+    sized = {h.release_group(owner, parse_pod(p), facts_) for p in replica}
+    assert sized == {ReleaseGroup(key=name, size=4)}
+
+
+def test_a_replica_missing_a_host_waits_when_num_of_hosts_is_known() -> None:
+    rc = raycluster("rc", {"tpu": (2, 2)})
+    h = handler()
+    first = multi_host_replica(rc, "tpu", 0, 2, created=1)
+    half = multi_host_replica(rc, "tpu", 1, 2, created=2)[:1]  # host 1 not created yet
+    slices = [parse_workload(workload(rc, {"head": 0, "tpu": 4}, admitted={"head": 0, "tpu": 4}))]
+    pods = [*first, *half]
+    from ungater.assess import pod_facts
+
+    views = [parse_pod(p) for p in pods]
+    decision = decide(slices, pod_facts(h, ref(rc), views, {}, h.owner_facts(rc)), GATE)
+    assert decision.released_names == names(first)
+    tpu = next(r for r in decision.pod_sets if r.name == "tpu")
+    assert [w.reason for w in tpu.waiting] == [
+        f"release group {half[0]['metadata']['labels']['ray.io/worker-group-replica-name']} "
+        "incomplete (1 of 2 pods)"
+    ]
 
 
 def test_head_and_single_host_workers_are_not_grouped() -> None:

@@ -1,0 +1,273 @@
+"""Prometheus metrics of one ungater process, on a private registry (never the global one).
+
+This module owns the metric names and labels, which are the contract with dashboards and
+alerts. Things the controller already counts (work queue, expectations, reflectors, caches) are
+read at scrape time by a collector bound to the controller, instead of being counted twice; the
+collector is duck-typed (``getattr`` with defaults), so it can be bound before the controller
+has built all of its parts, and a part that fails to read never fails the scrape. Things that
+happen (a release, a reconcile, a patch outcome) are ordinary counters and histograms that the
+controller moves.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
+from prometheus_client.registry import Collector
+
+__all__ = [
+    "CONTENT_TYPE",
+    "PATCH_OUTCOMES",
+    "RECONCILE_RESULTS",
+    "RELEASE_LATENCY_BUCKETS",
+    "Metrics",
+    "seconds_since",
+]
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what ``render()`` produces
+QUEUE_NAME = "ungater"  # the ``name`` label of the workqueue_* series (controller-runtime style)
+RECONCILE_RESULTS = ("success", "error", "plugin_error", "requeue")
+PATCH_OUTCOMES = ("released", "conflict", "gone", "error")
+# admission to release: a fast path is tens of milliseconds, a slow one a minute or more
+RELEASE_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
+RECONCILE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def seconds_since(timestamp: str, now: datetime | None = None) -> float | None:
+    """Seconds from an RFC 3339 API timestamp (``2026-01-02T03:04:05Z``, fractions allowed) to
+    ``now`` (default: the current UTC time); None if it cannot be parsed. Negative results
+    (clock skew between the API server and us) are clamped to 0."""
+    if not timestamp:
+        return None
+    try:
+        stamp = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=UTC)
+    return max(0.0, ((now or datetime.now(UTC)) - stamp).total_seconds())
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, int | float):
+        return float(value)
+    return 0.0
+
+
+def _size(value: Any) -> float:
+    try:
+        return float(len(value))
+    except TypeError:
+        return 0.0
+
+
+class ControllerCollector(Collector):
+    """Reads a controller-like object at scrape time. Every attribute is optional."""
+
+    def __init__(self) -> None:
+        self.target: Any = None
+
+    def collect(self) -> Iterator[Metric]:
+        for part in (self._queue, self._expectations, self._watches, self._caches):
+            try:
+                yield from part(self.target)
+            except Exception:  # a half-built controller must not break /metrics
+                log.debug("metrics: reading %s failed", part.__name__, exc_info=True)
+
+    @staticmethod
+    def _queue(c: Any) -> Iterable[Metric]:
+        queue = getattr(c, "queue", None)
+        depth = GaugeMetricFamily(
+            "workqueue_depth", "Current depth of the work queue.", labels=["name"]
+        )
+        depth.add_metric([QUEUE_NAME], _number(getattr(queue, "depth", 0)))
+        adds = CounterMetricFamily(
+            "workqueue_adds", "Total number of adds handled by the work queue.", labels=["name"]
+        )
+        adds.add_metric([QUEUE_NAME], _number(getattr(queue, "adds", 0)))
+        retries = CounterMetricFamily(
+            "workqueue_retries", "Total number of retries (backoff re-adds).", labels=["name"]
+        )
+        retries.add_metric([QUEUE_NAME], _number(getattr(queue, "retries", 0)))
+        return (depth, adds, retries)
+
+    @staticmethod
+    def _expectations(c: Any) -> Iterable[Metric]:
+        exp = getattr(c, "expectations", None)
+        return (
+            GaugeMetricFamily(
+                "ungater_expectations_pending",
+                "Pods patched whose release the cache has not shown yet.",
+                value=_size(exp) if exp is not None else 0.0,
+            ),
+            CounterMetricFamily(
+                "ungater_expectations_expired",
+                "Expectations that timed out and were settled from the API server.",
+                value=_number(getattr(exp, "expired_total", 0)),
+            ),
+        )
+
+    @staticmethod
+    def _watches(c: Any) -> Iterable[Metric]:
+        series = {
+            "watch_restarts": ("ungater_watch_restarts", "Watches restarted after a failure."),
+            "relists_gone": ("ungater_watch_relists", "Relists after 410 Gone."),
+            "silent_restarts": (
+                "ungater_watch_silent_restarts",
+                "Watches restarted because the stream was silent too long.",
+            ),
+            "lists": ("ungater_watch_lists", "Lists made (the first one included)."),
+            "events": ("ungater_watch_events", "Watch events applied to the cache."),
+            "malformed": ("ungater_watch_malformed", "Objects skipped as malformed."),
+        }
+        families = {
+            attr: CounterMetricFamily(name, doc, labels=["resource"])
+            for attr, (name, doc) in series.items()
+        }
+        totals: dict[tuple[str, str], float] = {}
+        for r in getattr(c, "reflectors", None) or ():
+            name = str(
+                getattr(r, "name", "") or getattr(getattr(r, "resource", None), "plural", "")
+            )
+            stats = getattr(r, "stats", None)
+            for attr in series:
+                key = (attr, name)
+                totals[key] = totals.get(key, 0.0) + _number(getattr(stats, attr, 0))
+        for (attr, name), value in totals.items():
+            families[attr].add_metric([name], value)
+        return families.values()
+
+    @staticmethod
+    def _caches(c: Any) -> Iterable[Metric]:
+        cached = GaugeMetricFamily(
+            "ungater_cached_objects", "Objects held in the caches.", labels=["kind"]
+        )
+        kinds = getattr(c, "kinds", None) or {}
+        pods = sum(_size(getattr(rt, "pods", ())) for rt in getattr(kinds, "values", list)())
+        cached.add_metric(["workloads"], _size(getattr(c, "workloads", ())))
+        cached.add_metric(["pods"], pods)
+        cached.add_metric(["intermediates"], _size(getattr(c, "objects", ())))
+        ready = getattr(c, "ready", None)
+        is_set = getattr(ready, "is_set", None)
+        synced = bool(is_set()) if callable(is_set) else False
+        return (
+            cached,
+            GaugeMetricFamily(
+                "ungater_caches_synced",
+                "1 once every cache has listed and the workers may start.",
+                value=1.0 if synced else 0.0,
+            ),
+        )
+
+
+class Metrics:
+    """All metrics of one process. Counters and histograms are public attributes; the
+    ``observe_*`` helpers are the intended way to move them."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.pods_released = Counter(
+            "ungater_pods_released_total",
+            "Pods whose scheduling gate ungater removed.",
+            ["kind", "pod_set"],
+            registry=r,
+        )
+        self.release_latency = Histogram(
+            "ungater_release_latency_seconds",
+            "Time from the workload slice's admission to a pod's release.",
+            buckets=RELEASE_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.reconcile_duration = Histogram(
+            "ungater_reconcile_duration_seconds",
+            "Time one reconcile of an owner took.",
+            buckets=RECONCILE_BUCKETS,
+            registry=r,
+        )
+        self.reconciles = Counter(
+            "ungater_reconcile_total", "Reconciles by result.", ["result"], registry=r
+        )
+        self.plugin_errors = Counter(
+            "ungater_plugin_errors_total", "Errors raised by plugins.", ["plugin"], registry=r
+        )
+        self.patches = Counter(
+            "ungater_patches_total", "Gate-removal patches by outcome.", ["outcome"], registry=r
+        )
+        self.foreign_releases = Counter(
+            "ungater_foreign_releases_total",
+            "Gates removed by someone else: another releaser is at work.",
+            registry=r,
+        )
+        self.leader = Gauge(
+            "ungater_leader", "1 while this replica holds the leader lease.", registry=r
+        )
+        self.events = Counter(
+            "ungater_events_total",
+            "Kubernetes Events by type, reason and outcome "
+            "(created, aggregated, dropped_rate_limited, dropped_queue_full, error).",
+            ["type", "reason", "outcome"],
+            registry=r,
+        )
+        for result in RECONCILE_RESULTS:  # every series exists from the start, at 0
+            self.reconciles.labels(result)
+        for outcome in PATCH_OUTCOMES:
+            self.patches.labels(outcome)
+        self.collector = ControllerCollector()
+        r.register(self.collector)
+
+    # -- wiring ---------------------------------------------------------------------------------
+
+    def bind(self, controller: Any) -> None:
+        """Export the controller's queue, expectations, reflectors and caches at scrape time."""
+        self.collector.target = controller
+
+    def bind_leader(self, is_leader: Callable[[], bool]) -> None:
+        """Make ``ungater_leader`` read ``is_leader()`` at scrape time
+        (e.g. ``metrics.bind_leader(lambda: elector.is_leader)``)."""
+        self.leader.set_function(lambda: 1.0 if is_leader() else 0.0)
+
+    # -- helpers for the controller ------------------------------------------------------------
+
+    def observe_reconcile(self, result: str, seconds: float) -> None:
+        self.reconciles.labels(result).inc()
+        self.reconcile_duration.observe(max(0.0, seconds))
+
+    def observe_patch(self, outcome: str) -> None:
+        self.patches.labels(outcome).inc()
+
+    def observe_release(self, kind: str, pod_set: str, latency: float | None = None) -> None:
+        """One pod released; ``latency``: seconds since its slice was admitted, if known."""
+        self.pods_released.labels(kind, pod_set).inc()
+        if latency is not None:
+            self.release_latency.observe(max(0.0, latency))
+
+    def observe_plugin_error(self, plugin: str) -> None:
+        self.plugin_errors.labels(plugin).inc()
+
+    def observe_foreign_release(self) -> None:
+        self.foreign_releases.inc()
+
+    def observe_event(self, type_: str, reason: str, outcome: str) -> None:
+        """The ``observer`` of ``ungater.events.EventRecorder``."""
+        self.events.labels(type_, reason, outcome).inc()
+
+    # -- exposition ----------------------------------------------------------------------------
+
+    def render(self) -> bytes:
+        """The Prometheus text format (``CONTENT_TYPE``)."""
+        return generate_latest(self.registry)
+
+    def render_for(self, accept: str) -> tuple[bytes, str]:
+        """The format an ``Accept`` header asks for (text or OpenMetrics), and its type."""
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type
