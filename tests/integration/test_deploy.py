@@ -124,17 +124,27 @@ def test_helm_lint_passes_and_rejects_unsafe_values(helm: Path) -> None:
     for values in (None, {"config": {"namespaces": ["team-a", "team-b"]}}):
         proc = helm_tool.run_helm(helm, ["lint", "--strict", str(CHART)], values=values)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-    bad = {
-        "an unknown config key": {"config": {"namespace": "typo"}},
-        "two replicas without leader election": {"config": {"leaderElection": {"enabled": False}}},
-        "namespaced RBAC with all namespaces": {"rbac": {"scope": "namespaced"}},
-        "a server address without a port": {"config": {"server": {"address": "localhost"}}},
+    bad = {  # what: (values, a fragment of helm's error)
+        "an unknown config key": ({"config": {"namespace": "typo"}}, "'namespace' not allowed"),
+        "two replicas without leader election": (
+            {"config": {"leaderElection": {"enabled": False}}},
+            "needs config.leaderElection.enabled",
+        ),
+        "namespaced RBAC with all namespaces": (
+            {"rbac": {"scope": "namespaced"}},
+            "rbac.scope=namespaced needs config.namespaces",
+        ),
+        "a server address without a port": (
+            {"config": {"server": {"address": "localhost"}}},
+            "/config/server/address",
+        ),
     }
-    for what, values in bad.items():
+    for what, (values, error) in bad.items():
         proc = helm_tool.run_helm(
             helm, ["template", "x", str(CHART), "--kube-version", KUBERNETES_VERSION], values=values
         )
         assert proc.returncode != 0, f"helm template accepted {what}:\n{proc.stdout}"
+        assert error in proc.stderr, f"{what}: {proc.stderr}"
 
 
 def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
@@ -233,14 +243,18 @@ class Admin:
         assert status == 201, f"dry run of {what}: HTTP {status}: {data}"
         assert not warnings, f"dry run of {what} warned: {warnings}"
 
-    def create_namespace(self, name: str, labels: dict[str, str] | None = None) -> None:
-        deadline = time.monotonic() + 90
-        while True:  # a namespace of an earlier run may still be terminating
-            status, data, _ = self.request("GET", f"/api/v1/namespaces/{name}")
+    def wait_absent(self, namespace: str, timeout: float = 90.0) -> None:
+        """Until ``namespace`` does not exist (one of an earlier run may be terminating)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status, data, _ = self.request("GET", f"/api/v1/namespaces/{namespace}")
             if status == 404:
-                break
-            assert time.monotonic() < deadline, f"namespace {name} still exists: {data}"
+                return
+            assert time.monotonic() < deadline, f"namespace {namespace} still exists: {data}"
             time.sleep(0.5)
+
+    def create_namespace(self, name: str, labels: dict[str, str] | None = None) -> None:
+        self.wait_absent(name)
         body = {
             "apiVersion": "v1",
             "kind": "Namespace",
@@ -262,6 +276,7 @@ def dry_run_all(admin: Admin, objects: list[dict[str, Any]]) -> None:
     """Dry-run the Namespace, create it for real, then dry-run everything in it."""
     namespaces = by_kind(objects, "Namespace")
     for ns in namespaces:
+        admin.wait_absent(ns["metadata"]["name"])
         admin.dry_run(ns)
     created = []
     try:
@@ -504,6 +519,8 @@ async def assert_least_privilege_for_real(
         ("get", "batch", "jobs"),
         ("patch", "batch", "jobs"),
         ("delete", "batch", "jobs"),
+        ("patch", "ray.io", "rayclusters"),
+        ("delete", "ray.io", "rayclusters"),
         ("create", "", "pods/exec"),
         ("create", "", "serviceaccounts/token"),
         ("patch", "", "pods/status"),
@@ -520,6 +537,8 @@ async def assert_least_privilege_for_real(
         ("watch", "kueue.x-k8s.io", "workloads"),
         ("list", "batch", "jobs"),
         ("watch", "batch", "jobs"),
+        ("list", "ray.io", "rayclusters"),
+        ("watch", "ray.io", "rayclusters"),
         ("create", "", "events"),
         ("patch", "", "events"),
     ):
