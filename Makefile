@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo install control-plane lint unit integration bench-smoke clean
+.PHONY: test demo install control-plane helm manifests lint unit integration bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,13 @@ install: $(STAMP)
 control-plane: $(STAMP)
 	$(BIN)/python -m ungater.devcluster build
 
+# helm (for the chart tests) is built from Go modules too, cached like the control plane.
+helm: $(STAMP)
+	$(BIN)/python -m ungater.devcluster.helm build
+
+manifests: helm
+	$(BIN)/python -m ungater.devcluster.helm render-manifests
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -30,10 +37,10 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit examples/ungater-leaderworkerset/tests -q
 
-integration: control-plane
+integration: control-plane helm
 	$(BIN)/python -m pytest tests/integration -q
 
-test: control-plane lint
+test: control-plane helm lint
 	$(BIN)/python -m pytest tests examples/ungater-leaderworkerset/tests -q
 
 demo: control-plane
