@@ -33,7 +33,9 @@ class KindConfig(_Model):
     plugin: str | None = Field(
         default=None, description="Plugin that serves the kind; needed only if several do."
     )
-    gate: str | None = Field(default=None, description="Gate to remove; defaults to `gate`.")
+    gate: str | None = Field(
+        default=None, min_length=1, description="Gate to remove; defaults to `gate`."
+    )
 
 
 class PluginsConfig(_Model):
@@ -127,6 +129,8 @@ def load_config(path: str | Path | None) -> Config:
         raw = yaml.safe_load(p.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text: {exc.reason} at byte {exc.start}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
     if raw is None:

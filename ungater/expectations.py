@@ -26,6 +26,10 @@ class Expectations:
         deadline = self.clock() + self.timeout
         bucket = self._by_key.setdefault(key, {})
         for uid in uids:
+            previous = self._key_of.get(uid)
+            if previous is not None and previous != key:
+                self.observe(uid)  # a pod is expected under one owner at a time
+                bucket = self._by_key.setdefault(key, {})
             bucket[uid] = deadline
             self._key_of[uid] = key
 

@@ -7,9 +7,10 @@ them from raw JSON is a pure function that can be tested without a cluster.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "ADMITTED",
@@ -189,6 +190,27 @@ class WorkloadView:
         return cond is not None and cond.status == "True"
 
 
+_T = TypeVar("_T")
+
+
+def _total(parse: Callable[[Mapping[str, Any]], _T]) -> Callable[[Mapping[str, Any]], _T]:
+    """Make a parser total: ill-typed input is a MalformedObject, never a stray TypeError
+    that would stop a cache from syncing."""
+
+    @functools.wraps(parse)
+    def wrapper(obj: Mapping[str, Any]) -> _T:
+        if not isinstance(obj, Mapping):
+            raise MalformedObject(f"expected an object, got {type(obj).__name__}")
+        try:
+            return parse(obj)
+        except MalformedObject:
+            raise
+        except (TypeError, AttributeError, ValueError, KeyError) as exc:
+            raise MalformedObject(f"ill-typed field: {type(exc).__name__}: {exc}") from exc
+
+    return wrapper
+
+
 def _controller_of(refs: tuple[ObjectRef, ...]) -> ObjectRef | None:
     for ref in refs:
         if ref.controller:
@@ -229,6 +251,7 @@ def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return meta
 
 
+@_total
 def parse_pod(obj: Mapping[str, Any]) -> PodView:
     """Build a PodView from a pod as the API serves it (camelCase JSON)."""
     meta = _metadata(obj)
@@ -257,6 +280,7 @@ def parse_pod(obj: Mapping[str, Any]) -> PodView:
     )
 
 
+@_total
 def parse_object(obj: Mapping[str, Any]) -> ObjectView:
     """Build an ObjectView of an intermediate owner from its raw JSON."""
     meta = _metadata(obj)
@@ -277,6 +301,7 @@ def _count(value: Any) -> int | None:
     return value
 
 
+@_total
 def parse_workload(obj: Mapping[str, Any]) -> WorkloadView:
     """Build a WorkloadView from a v1beta2 or v1beta1 Workload.
 

@@ -49,7 +49,7 @@ class PluginInfo:
 
     @property
     def label(self) -> str:
-        dist = f" ({self.distribution} {self.version})".rstrip() if self.distribution else ""
+        dist = f" ({f'{self.distribution} {self.version}'.strip()})" if self.distribution else ""
         return f"{self.name}{dist}"
 
     def as_dict(self) -> dict[str, Any]:

@@ -79,7 +79,8 @@ class WorkQueue(Generic[K]):
         n = self._failures.get(key, 0)
         self._failures[key] = n + 1
         self.retries += 1
-        self.add_after(key, min(self.max_delay, self.base_delay * (2**n)))
+        # the exponent is capped so that a key failing for days cannot overflow the float
+        self.add_after(key, min(self.max_delay, self.base_delay * (2 ** min(n, 62))))
 
     def forget(self, key: K) -> None:
         self._failures.pop(key, None)

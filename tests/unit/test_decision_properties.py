@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.builders import _ABSENT, GATE, TOPOLOGY_GATE, pod, workload
-from ungater.decision import Decision, Ownership, PodFacts, decide
-from ungater.model import WorkloadView, parse_pod, parse_workload
+from ungater.decision import Decision, Ownership, PodFacts, Release, decide
+from ungater.model import Condition, WorkloadView, parse_pod, parse_workload
 from ungater.plugin_api import ReleaseGroup
 
 POD_SETS = ("main", "workers")
@@ -103,21 +103,40 @@ def slice_chains(draw: st.DrawFn, valid_counts: bool = False) -> list[WorkloadVi
     return out
 
 
-sort_keys = st.lists(
-    st.one_of(st.integers(min_value=-2, max_value=5), st.sampled_from(["a", "b", "0"])),
-    max_size=2,
-).map(tuple)
+# A pod's fields are drawn as a few integers decoded in mixed radix (three hypothesis choices
+# per pod instead of eight keeps 300 examples fast); 0 decodes to the plainest pod, so
+# shrinking still works.
+_POD_FIELDS: tuple[tuple[Any, ...], ...] = (
+    ("main",) * 10 + ("workers",) * 6 + ("ghost", None),  # pod set
+    ((GATE,),) * 4 + ((), (TOPOLOGY_GATE, GATE), (TOPOLOGY_GATE,)),  # gates
+    ("Pending",) * 4 + ("Running", "Succeeded", "Failed"),  # phase
+    (False,) * 9 + (True,),  # deleting
+    (0, 1, 2, 3),  # created
+    (Ownership.PROVEN,) * 6 + (Ownership.FOREIGN,) + (Ownership.UNRESOLVED,) * 2,  # ownership
+    ((), (0,), (1,), (2,), (5,), (-1,), ("a",), ("b",), ("0",), (0, 1), (1, 0), (1, "a"),
+     ("a", 1), (2, 2), (0, "0")),  # sort key: ints, strs, mixed, varying length
+)  # fmt: skip
+
+
+def _radix(fields: tuple[tuple[Any, ...], ...]) -> st.SearchStrategy[tuple[Any, ...]]:
+    size = 1
+    for options in fields:
+        size *= len(options)
+
+    def decode(n: int) -> tuple[Any, ...]:
+        out = []
+        for options in fields:
+            n, i = divmod(n, len(options))
+            out.append(options[i])
+        return tuple(out)
+
+    return st.integers(min_value=0, max_value=size - 1).map(decode)
+
+
+# three draws of a few hundred values each: hypothesis draws these nearly uniformly
 one_pod = st.tuples(
-    st.sampled_from(["main"] * 10 + ["workers"] * 6 + ["ghost", None]),  # pod set
-    st.sampled_from(
-        [(), (GATE,), (GATE,), (GATE,), (GATE,), (TOPOLOGY_GATE, GATE), (TOPOLOGY_GATE,)]
-    ),
-    st.sampled_from(["Pending"] * 4 + ["Running", "Succeeded", "Failed"]),  # phase
-    st.sampled_from([False] * 9 + [True]),  # deleting
-    st.integers(min_value=0, max_value=3),  # created
-    st.sampled_from([Ownership.PROVEN] * 10 + [Ownership.FOREIGN, Ownership.UNRESOLVED]),
-    sort_keys,
-)
+    _radix(_POD_FIELDS[0:2]), _radix(_POD_FIELDS[2:5]), _radix(_POD_FIELDS[5:7])
+).map(lambda parts: parts[0] + parts[1] + parts[2])
 
 
 pod_lists = st.lists(one_pod, max_size=14)
@@ -249,8 +268,8 @@ def _active(s: Scenario, d: Decision) -> WorkloadView | None:
     return w
 
 
-def _released_in(d: Decision, name: str) -> list[PodFacts]:
-    return [r for r in d.releases if r.pod_set == name]  # type: ignore[misc]
+def _released_in(d: Decision, name: str) -> list[Release]:
+    return [r for r in d.releases if r.pod_set == name]
 
 
 # -- properties ----------------------------------------------------------------------------------
@@ -383,27 +402,27 @@ def _check_greedy_fill(s: Scenario, d: Decision) -> None:
         assert got == expected, (report.name, sorted(got), sorted(expected))
 
 
-@SETTINGS
-@given(slice_chains(), pod_facts())
-def test_no_active_slice_releases_nothing(slices: list[WorkloadView], pods: list[PodFacts]) -> None:
+DISQUALIFY = {
+    "not-admitted": lambda c: {k: v for k, v in c.items() if k != "Admitted"},
+    "admitted-false": lambda c: {**c, "Admitted": Condition("False", "Pending")},
+    "finished": lambda c: {**c, "Finished": Condition("True", "WorkloadSliceReplaced")},
+    "evicted": lambda c: {**c, "Evicted": Condition("True", "Preempted")},
+}
+
+
+def _check_no_active_slice_releases_nothing(s: Scenario, how: list[str]) -> None:
+    """(f) the same pods against the chain with every slice disqualified (not admitted,
+    admitted False, finished or evicted), and against no chain at all, release nothing."""
     stale = [
-        parse_workload(
-            workload(
-                w.name,
-                uid=w.uid,
-                pod_sets={"main": 3},
-                conditions=[("Admitted", "True"), ("Finished", "True")]
-                if i % 2
-                else [("Admitted", "True"), ("Evicted", "True")],
-            )
-        )
-        for i, w in enumerate(slices)
+        dataclasses.replace(w, conditions=DISQUALIFY[way](dict(w.conditions)))
+        for w, way in zip(s.slices, how, strict=False)
     ]
     for chain in (stale, []):
-        d = decide(chain, pods, GATE)
+        d = decide(chain, s.pods, GATE, s.in_flight)
         assert d.active_slice is None
         assert d.releases == () and d.pod_sets == ()
-        assert len(d.unmapped) == sum(1 for f in pods if _gated(f))
+        assert len(d.unmapped) == sum(1 for f in s.pods if _gated(f))
+        assert all(w.reason == d.summary for w in d.unmapped)
 
 
 def _check_active_slice_is_the_newest_qualifying(s: Scenario, d: Decision) -> None:
@@ -462,11 +481,14 @@ def _check_every_gated_pod_is_accounted_for(s: Scenario, d: Decision) -> None:
 # -- the tests: one scenario checked against many properties (keeps hypothesis fast) -----------
 
 
+disqualifications = st.lists(st.sampled_from(sorted(DISQUALIFY)), min_size=4, max_size=4)
+
+
 @SETTINGS
-@given(scenarios())
-def test_decision_invariants(s: Scenario) -> None:
-    """(a) never above the cap, (b) only eligible pods, (d) order, (e) whole groups, plus the
-    active slice choice and a complete explanation."""
+@given(scenarios(), disqualifications)
+def test_decision_invariants(s: Scenario, how: list[str]) -> None:
+    """(a) never above the cap, (b) only eligible pods, (d) order, (e) whole groups, (f) no
+    active slice releases nothing, plus the active slice choice and a complete explanation."""
     d = decide(s.slices, s.pods, GATE, s.in_flight)
     _check_active_slice_is_the_newest_qualifying(s, d)
     _check_never_exceeds_the_cap(s, d)
@@ -474,6 +496,7 @@ def test_decision_invariants(s: Scenario) -> None:
     _check_lone_pods_released_in_order(s, d)
     _check_whole_groups_only(s, d)
     _check_greedy_fill(s, d)
+    _check_no_active_slice_releases_nothing(s, how)
     _check_every_gated_pod_is_accounted_for(s, d)
 
 

@@ -1,0 +1,208 @@
+"""Prometheus metrics: names in the exposition, counters moving, and the scrape-time collector
+reading a controller-like object (and surviving one that is half built or broken)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+import anyio
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ungater.metrics import CONTENT_TYPE, Metrics, seconds_since
+from ungater.reflector import ReflectorStats
+from ungater.workqueue import WorkQueue
+
+NAMES = [
+    "ungater_pods_released_total",
+    "ungater_release_latency_seconds",
+    "ungater_reconcile_duration_seconds",
+    "ungater_reconcile_total",
+    "ungater_plugin_errors_total",
+    "ungater_patches_total",
+    "ungater_foreign_releases_total",
+    "ungater_leader",
+    "ungater_events_total",
+    "workqueue_depth",
+    "workqueue_adds_total",
+    "workqueue_retries_total",
+    "ungater_expectations_pending",
+    "ungater_expectations_expired_total",
+    "ungater_watch_restarts_total",
+    "ungater_watch_relists_total",
+    "ungater_watch_silent_restarts_total",
+    "ungater_cached_objects",
+    "ungater_caches_synced",
+]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def samples(m: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(m.render().decode()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(m: Metrics, metric: str, **labels: str) -> float:
+    return samples(m)[(metric, tuple(sorted(labels.items())))]
+
+
+def test_every_metric_is_in_the_exposition() -> None:
+    text = Metrics().render().decode()
+    missing = [n for n in NAMES if f"# TYPE {n} " not in text]
+    assert not missing, missing
+    assert CONTENT_TYPE.startswith("text/plain; version=0.0.4")
+
+
+def test_counters_and_histograms_move() -> None:
+    m = Metrics()
+    m.observe_release("Job.batch", "main", latency=0.3)
+    m.observe_release("Job.batch", "main", latency=None)
+    m.observe_release("JobSet.jobset.x-k8s.io", "workers", latency=42.0)
+    m.observe_reconcile("success", 0.004)
+    m.observe_reconcile("plugin_error", 0.002)
+    m.observe_patch("released")
+    m.observe_patch("conflict")
+    m.observe_plugin_error("job")
+    m.observe_foreign_release()
+    m.observe_event("Normal", "Released", "created")
+    assert value(m, "ungater_pods_released_total", kind="Job.batch", pod_set="main") == 2
+    assert (
+        value(m, "ungater_pods_released_total", kind="JobSet.jobset.x-k8s.io", pod_set="workers")
+        == 1
+    )
+    assert value(m, "ungater_release_latency_seconds_count") == 2
+    assert value(m, "ungater_release_latency_seconds_bucket", le="0.5") == 1
+    assert value(m, "ungater_release_latency_seconds_bucket", le="60.0") == 2
+    assert value(m, "ungater_reconcile_total", result="success") == 1
+    assert value(m, "ungater_reconcile_total", result="plugin_error") == 1
+    assert value(m, "ungater_reconcile_total", result="error") == 0  # exists before it happens
+    assert value(m, "ungater_reconcile_duration_seconds_count") == 2
+    assert value(m, "ungater_patches_total", outcome="released") == 1
+    assert value(m, "ungater_patches_total", outcome="gone") == 0
+    assert value(m, "ungater_plugin_errors_total", plugin="job") == 1
+    assert value(m, "ungater_foreign_releases_total") == 1
+    assert (
+        value(m, "ungater_events_total", type="Normal", reason="Released", outcome="created") == 1
+    )
+
+
+def test_registries_are_private() -> None:
+    a, b = Metrics(), Metrics()  # no duplicate-registration error: nothing global
+    a.observe_patch("error")
+    assert value(a, "ungater_patches_total", outcome="error") == 1
+    assert value(b, "ungater_patches_total", outcome="error") == 0
+
+
+def test_leader_gauge_reads_the_elector() -> None:
+    m = Metrics()
+    state = {"leading": False}
+    m.bind_leader(lambda: state["leading"])
+    assert value(m, "ungater_leader") == 0
+    state["leading"] = True
+    assert value(m, "ungater_leader") == 1
+
+
+class Pending:
+    def __init__(self, n: int, expired_total: int) -> None:
+        self.n = n
+        self.expired_total = expired_total
+
+    def __len__(self) -> int:
+        return self.n
+
+
+@dataclass
+class FakeReflector:
+    name: str
+    stats: ReflectorStats = field(default_factory=ReflectorStats)
+
+
+@pytest.mark.anyio
+async def test_collector_reflects_a_controller_like_object() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    for key in ("a", "b", "a", "c"):
+        queue.add(key)
+    queue.add_rate_limited("d")
+    r1, r2 = FakeReflector("workloads.kueue.x-k8s.io@*"), FakeReflector("pods.core@*")
+    r1.stats.watch_restarts, r1.stats.relists_gone, r1.stats.silent_restarts = 3, 1, 2
+    r2.stats.watch_restarts, r2.stats.events = 5, 40
+    ready = anyio.Event()
+    ctl = SimpleNamespace(
+        queue=queue,
+        expectations=Pending(4, expired_total=7),
+        reflectors=[r1, r2],
+        kinds={"job": SimpleNamespace(pods=[1, 2, 3]), "ray": SimpleNamespace(pods=[4])},
+        workloads=[1, 2],
+        objects={"x": 1},
+        ready=ready,
+    )
+    m = Metrics()
+    m.bind(ctl)
+    assert value(m, "workqueue_depth", name="ungater") == 3
+    assert value(m, "workqueue_adds_total", name="ungater") == 3
+    assert value(m, "workqueue_retries_total", name="ungater") == 1
+    assert value(m, "ungater_expectations_pending") == 4
+    assert value(m, "ungater_expectations_expired_total") == 7
+    assert value(m, "ungater_watch_restarts_total", resource="workloads.kueue.x-k8s.io@*") == 3
+    assert value(m, "ungater_watch_restarts_total", resource="pods.core@*") == 5
+    assert value(m, "ungater_watch_relists_total", resource="workloads.kueue.x-k8s.io@*") == 1
+    assert value(m, "ungater_watch_silent_restarts_total", resource="pods.core@*") == 0
+    assert value(m, "ungater_watch_events_total", resource="pods.core@*") == 40
+    assert value(m, "ungater_cached_objects", kind="workloads") == 2
+    assert value(m, "ungater_cached_objects", kind="pods") == 4
+    assert value(m, "ungater_cached_objects", kind="intermediates") == 1
+    assert value(m, "ungater_caches_synced") == 0
+    ready.set()
+    queue.add("e")
+    r1.stats.watch_restarts += 1
+    assert value(m, "ungater_caches_synced") == 1  # read at scrape time, not at bind time
+    assert value(m, "workqueue_depth", name="ungater") == 4
+    assert value(m, "ungater_watch_restarts_total", resource="workloads.kueue.x-k8s.io@*") == 4
+
+
+class Exploding:
+    @property
+    def queue(self) -> Any:
+        raise RuntimeError("not built yet")
+
+    reflectors = None
+    kinds = None
+
+
+def test_collector_survives_half_built_and_broken_controllers() -> None:
+    for target in (None, object(), SimpleNamespace(queue=None), Exploding()):
+        m = Metrics()
+        m.bind(target)
+        got = samples(m)
+        assert got[("ungater_caches_synced", ())] == 0
+        assert got[("ungater_cached_objects", (("kind", "pods"),))] == 0
+    m = Metrics()
+    m.bind(Exploding())
+    assert ("workqueue_depth", (("name", "ungater"),)) not in samples(m)  # that part is skipped
+    assert ("ungater_expectations_pending", ()) in samples(m)  # the rest is still there
+
+
+def test_render_for_negotiates_openmetrics() -> None:
+    m = Metrics()
+    body, ctype = m.render_for("application/openmetrics-text; version=1.0.0")
+    assert ctype.startswith("application/openmetrics-text") and body.endswith(b"# EOF\n")
+    body, ctype = m.render_for("")
+    assert ctype == CONTENT_TYPE and body == m.render()
+
+
+def test_seconds_since() -> None:
+    now = datetime(2026, 1, 2, 3, 4, 10, tzinfo=UTC)
+    assert seconds_since("2026-01-02T03:04:05Z", now) == 5.0
+    assert seconds_since("2026-01-02T03:04:09.750000Z", now) == 0.25
+    assert seconds_since("2026-01-02T03:04:20Z", now) == 0.0  # skew never goes negative
+    assert seconds_since("", now) is None and seconds_since("yesterday", now) is None
