@@ -61,6 +61,14 @@ class WorkloadIndex:
     def owners(self) -> Iterable[str]:
         return list(self._by_owner)
 
+    def owner_keys(self) -> list[OwnerKey]:
+        """Every owner with Workloads, as work queue keys."""
+        keys = []
+        for uid, wl_uids in self._by_owner.items():
+            wl = self.by_uid[next(iter(wl_uids))]
+            keys.append(OwnerKey(wl.namespace, uid))
+        return keys
+
     def __len__(self) -> int:
         return len(self.by_uid)
 

@@ -126,18 +126,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace, config: Config) -> int:
-    from ungater.controller import Controller, StartupError
+    from ungater.app import serve
+    from ungater.controller import StartupError
     from ungater.registry import PluginRegistry
 
     registry = PluginRegistry.discover(config.plugins.allow)
     client = await _client(args, config)
+    stop = anyio.Event()
+    error = ""
     try:
-        try:
-            controller = Controller(config, client, registry)
-            await controller.start()
-        except StartupError as exc:
-            raise CliError(str(exc)) from exc
-        stop = anyio.Event()
         async with anyio.create_task_group() as tg:
 
             async def on_signal() -> None:
@@ -148,12 +145,19 @@ async def _run(args: argparse.Namespace, config: Config) -> int:
                         return
 
             tg.start_soon(on_signal)
-            await controller.run(stop)
+            try:
+                await serve(config, client, registry, stop)
+            except StartupError as exc:
+                error = str(exc)
+            except OSError as exc:  # the HTTP server's port is taken, for one
+                error = f"cannot start: {exc}"
             tg.cancel_scope.cancel()
-        log.info("stopped")
-        return 0
     finally:
         await client.close()
+    if error:  # raised here, not inside the task group, so it is not wrapped in a group
+        raise CliError(error)
+    log.info("stopped")
+    return 0
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

@@ -59,6 +59,55 @@ class ClientConfig(_Model):
     request_timeout_seconds: float = Field(default=30.0, gt=0, alias="requestTimeoutSeconds")
 
 
+class LeaderElectionConfig(_Model):
+    """A coordination.k8s.io/v1 Lease decides which replica acts; the others keep warm caches."""
+
+    enabled: bool = True
+    namespace: str | None = Field(
+        default=None,
+        description="Lease namespace; null: $POD_NAMESPACE, the service account's, else default.",
+    )
+    lease_name: str = Field(default="ungater", min_length=1, alias="leaseName")
+    identity: str | None = Field(default=None, description="null: $POD_NAME or host, + suffix.")
+    lease_duration_seconds: float = Field(default=15.0, gt=0, alias="leaseDurationSeconds")
+    renew_deadline_seconds: float = Field(default=10.0, gt=0, alias="renewDeadlineSeconds")
+    retry_period_seconds: float = Field(default=2.0, gt=0, alias="retryPeriodSeconds")
+
+    @model_validator(mode="after")
+    def _timings(self) -> LeaderElectionConfig:
+        if self.renew_deadline_seconds >= self.lease_duration_seconds:
+            raise ValueError("renewDeadlineSeconds must be less than leaseDurationSeconds")
+        if self.renew_deadline_seconds <= 1.2 * self.retry_period_seconds:
+            raise ValueError("renewDeadlineSeconds must exceed 1.2 x retryPeriodSeconds")
+        return self
+
+
+class ServerConfig(_Model):
+    address: str = Field(
+        default=":8080", description="host:port of /metrics, /healthz, /readyz; empty: off."
+    )
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        if v:
+            _host, sep, port = v.rpartition(":")
+            if not sep or not port.isdigit() or int(port) > 65535:
+                raise ValueError(f"expected [host]:port (or empty to disable), got {v!r}")
+        return v
+
+
+class EventsConfig(_Model):
+    enabled: bool = True
+    per_object_burst: int = Field(default=25, ge=1, alias="perObjectBurst")
+    per_object_interval_seconds: float = Field(
+        default=300.0, gt=0, alias="perObjectIntervalSeconds"
+    )
+    qps: float = Field(default=10.0, gt=0)
+    burst: int = Field(default=100, ge=1)
+    queue_size: int = Field(default=1000, ge=1, alias="queueSize")
+
+
 class LoggingConfig(_Model):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["text", "json"] = "text"
@@ -89,6 +138,11 @@ class Config(_Model):
     client: ClientConfig = Field(default_factory=ClientConfig)
     watch: WatchConfig = Field(default_factory=WatchConfig)
     plugins: PluginsConfig = Field(default_factory=PluginsConfig)
+    leader_election: LeaderElectionConfig = Field(
+        default_factory=LeaderElectionConfig, alias="leaderElection"
+    )
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    events: EventsConfig = Field(default_factory=EventsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @model_validator(mode="after")

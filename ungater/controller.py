@@ -20,10 +20,24 @@ import anyio
 from ungater.assess import owner_of, pod_facts
 from ungater.cache import OwnerKey, PodIndex, WorkloadIndex, ancestors
 from ungater.config import Config
-from ungater.decision import Decision, Release, decide
+from ungater.decision import Decision, Release, active_slice, decide, order_slices
+from ungater.events import (
+    FOREIGN_RELEASE,
+    NORMAL,
+    PLUGIN_ERROR,
+    PODS_UNMAPPED,
+    RELEASED,
+    WARNING,
+    EventRecorder,
+    InvolvedObject,
+    released_message,
+)
 from ungater.expectations import Expectations
 from ungater.kube import PODS, ApiError, KubeClient, Resource
+from ungater.leader import LeaderElector, LeaderTerm
+from ungater.metrics import Metrics, seconds_since
 from ungater.model import (
+    ADMITTED,
     Kind,
     MalformedObject,
     ObjectView,
@@ -42,6 +56,7 @@ __all__ = ["Controller", "StartupError", "release_patch", "workload_resource"]
 
 log = logging.getLogger(__name__)
 KUEUE_GROUP = "kueue.x-k8s.io"
+POD_SET_UPDATE_CONFLICT = "PodSetUpdateConflict"
 
 
 class StartupError(Exception):
@@ -135,8 +150,15 @@ class Controller:
         client: KubeClient,
         registry: PluginRegistry,
         clock: Callable[[], float] = time.monotonic,
+        metrics: Metrics | None = None,
+        events: EventRecorder | None = None,
     ) -> None:
         self.config = config
+        self.metrics = metrics
+        self.events = events
+        self._leading: Callable[[], bool] = lambda: True  # set by run() under leader election
+        self._busy = 0
+        self._idle: anyio.Event | None = None
         self.client = client
         self.registry = registry
         self.stats = Stats()
@@ -300,17 +322,21 @@ class Controller:
             self.objects.pop(old.uid, None)
         view = new or old
         if view is not None:
-            self._enqueue_owners(view.namespace, (view.controller and [view.controller.uid]) or [])
+            self._enqueue_owners(view.namespace, view.controller.uid if view.controller else None)
 
-    def _enqueue_owners(self, namespace: str, start: list[str]) -> None:
-        if not start:
-            return
-        first = start[0]
-        obj = self.objects.get(first)
-        uids = [first, *ancestors(obj.controller, self.objects)] if obj else [first]
-        for uid in uids:
-            if self.workloads.has_owner(uid):
-                self.queue.add(OwnerKey(namespace, uid))
+    def _owners_of(self, namespace: str, controller_uid: str | None) -> list[OwnerKey]:
+        """The owners with Workloads above an object whose controller is ``controller_uid``."""
+        if controller_uid is None:
+            return []
+        obj = self.objects.get(controller_uid)
+        uids = (
+            [controller_uid, *ancestors(obj.controller, self.objects)] if obj else [controller_uid]
+        )
+        return [OwnerKey(namespace, uid) for uid in uids if self.workloads.has_owner(uid)]
+
+    def _enqueue_owners(self, namespace: str, controller_uid: str | None) -> None:
+        for key in self._owners_of(namespace, controller_uid):
+            self.queue.add(key)
 
     def _pod_handler(self, rt: KindRuntime) -> Callable[[PodView | None, PodView | None], None]:
         gate = rt.gate
@@ -336,8 +362,7 @@ class Controller:
             if old is not None and new is not None and not _relevant_change(old, new):
                 return
             ctrl = pod.controller
-            if ctrl is not None:
-                self._enqueue_owners(pod.namespace, [ctrl.uid])
+            self._enqueue_owners(pod.namespace, ctrl.uid if ctrl else None)
 
         return on_pod
 
@@ -372,14 +397,38 @@ class Controller:
             self.expectations.pending(key),
             apply_pod_set_updates=self.config.apply_pod_set_updates,
         )
-        for report in decision.pod_sets:
-            for w in report.waiting:
-                if w.reason.startswith("pod set update conflict"):
-                    log.warning("%s: pod %s stays gated: %s", key, w.pod, w.reason)
+        self._report_stuck(key, decision)
         self.decisions[key] = decision
         if decision.releases:
-            await self._release(key, rt, owner.name, decision)
+            await self._release(key, rt, owner.name, decision, active_slice(slices))
         return decision
+
+    def _report_stuck(self, key: OwnerKey, decision: Decision) -> None:
+        """Warn (log line and rate-limited Event) about pods that cannot be released as is."""
+        conflicts = [
+            w
+            for r in decision.pod_sets
+            for w in r.waiting
+            if w.reason.startswith("pod set update conflict")
+        ]
+        for w in conflicts:
+            log.warning("%s: pod %s stays gated: %s", key, w.pod, w.reason)
+        if conflicts:
+            first = conflicts[0]
+            self._event_for(
+                key,
+                WARNING,
+                POD_SET_UPDATE_CONFLICT,
+                f"{len(conflicts)} pod(s) stay gated; {first.pod}: {first.reason}",
+            )
+        if decision.unmapped:
+            first = decision.unmapped[0]
+            self._event_for(
+                key,
+                WARNING,
+                PODS_UNMAPPED,
+                f"{len(decision.unmapped)} gated pod(s) cannot be mapped; {first.pod}: {first.reason}",
+            )
 
     async def _settle_expired(self, key: OwnerKey, rt: KindRuntime, uids: frozenset[str]) -> None:
         """The watch has not shown our patches in time: ask the API server for the truth.
@@ -405,7 +454,12 @@ class Controller:
         log.warning("%s: %d expectation(s) expired; settled from the API server", key, len(uids))
 
     async def _release(
-        self, key: OwnerKey, rt: KindRuntime, owner_name: str, decision: Decision
+        self,
+        key: OwnerKey,
+        rt: KindRuntime,
+        owner_name: str,
+        decision: Decision,
+        active: WorkloadView | None,
     ) -> None:
         releases = decision.releases
         self.expectations.expect(key, [r.pod.uid for r in releases])
@@ -427,15 +481,27 @@ class Controller:
             if outcome == "released":
                 self.stats.released += 1
                 released_by_set[r.pod_set] = released_by_set.get(r.pod_set, 0) + 1
-            elif outcome in ("gone", "conflict"):
+            elif outcome in ("gone", "conflict", "skipped"):
                 self.expectations.observe(r.pod.uid)  # nothing of ours is in flight there
                 self._ours.discard(r.pod.uid)
                 if outcome == "conflict":
                     await self._check_foreign_release(r)
-                retry = True
+                retry = outcome != "skipped"
             else:
                 failed += 1  # unknown outcome: the patch may have landed; keep expecting it
+        admitted = active.conditions.get(ADMITTED) if active is not None else None
+        latency = seconds_since(admitted.transition_time) if admitted is not None else None
         for pod_set, n in released_by_set.items():
+            if self.metrics is not None:
+                for _ in range(n):
+                    self.metrics.observe_release(str(rt.kind), pod_set, latency)
+            if self.events is not None and active is not None:
+                self.events.record(
+                    InvolvedObject.workload(active, self.workload_version),
+                    NORMAL,
+                    RELEASED,
+                    released_message(n, pod_set),
+                )
             log.info(
                 "released %d pod(s) of pod set %s of %s %s/%s (slice %s)",
                 n,
@@ -466,6 +532,12 @@ class Controller:
 
     def _report_foreign_release(self, pod: PodView, gate: str) -> None:
         self.stats.foreign_releases += 1
+        if self.metrics is not None:
+            self.metrics.observe_foreign_release()
+        ctrl = pod.controller
+        for key in self._owners_of(pod.namespace, ctrl.uid if ctrl else None):
+            message = f"gate {gate} was removed from pod {pod.name} by another writer"
+            self._event_for(key, WARNING, FOREIGN_RELEASE, message)
         log.warning(
             "gate %s was removed from pod %s/%s by someone else: another releaser owns this "
             "gate, and the cap can no longer be guaranteed",
@@ -475,6 +547,14 @@ class Controller:
         )
 
     async def _patch(self, r: Release) -> str:
+        outcome = await self._patch_once(r)
+        if self.metrics is not None:
+            self.metrics.observe_patch(outcome)
+        return outcome
+
+    async def _patch_once(self, r: Release) -> str:
+        if not self._leading():
+            return "skipped"  # leadership lost since the decision: act no more
         try:
             await self.client.json_patch(PODS, r.pod.namespace, r.pod.name, release_patch(r))
             return "released"
@@ -504,19 +584,54 @@ class Controller:
                 key = await self.queue.get()
             except QueueShutDown:
                 return
+            self._busy += 1
+            started, result = time.monotonic(), "success"
             try:
                 await self.reconcile(key)
                 self.queue.forget(key)
             except PluginError as exc:
+                result = "plugin_error"
                 self.stats.plugin_errors += 1
                 log.error("%s: skipped: %s", key, exc)
+                if self.metrics is not None:
+                    self.metrics.observe_plugin_error(exc.plugin.name)
+                self._event_for(key, WARNING, PLUGIN_ERROR, str(exc))
                 self.queue.add_rate_limited(key)
+            except anyio.get_cancelled_exc_class():
+                self.queue.add(key)  # leadership lost or shutting down: the next term redoes it
+                raise
             except Exception as exc:
+                result = "error"
                 self.stats.reconcile_errors += 1
                 log.warning("%s: reconcile failed: %r; retrying with backoff", key, exc)
                 self.queue.add_rate_limited(key)
             finally:
+                self._busy -= 1
                 self.queue.done(key)
+                if self.metrics is not None:
+                    self.metrics.observe_reconcile(result, time.monotonic() - started)
+                if self._busy == 0 and self._idle is not None:
+                    self._idle.set()
+
+    async def _workers(self) -> None:
+        """Run the workers until the queue shuts down (or the task is cancelled)."""
+        for key in self.workloads.owner_keys():
+            self.queue.add(key)  # a new term starts from the whole picture
+        async with anyio.create_task_group() as tg:
+            for _ in range(self.config.workers):
+                tg.start_soon(self._worker)
+
+    def _event_for(self, key: OwnerKey, type_: str, reason: str, message: str) -> None:
+        """An Event on the owner's newest slice (best effort, rate-limited by the recorder)."""
+        if self.events is None:
+            return
+        slices = self.workloads.for_owner(key.uid)
+        if not slices:
+            return
+        wl = active_slice(slices) or order_slices(slices)[-1]
+        self.events.record(
+            InvolvedObject.workload(wl, self.workload_version), type_, reason, message
+        )
 
     async def start(self) -> None:
         """Resolve the Workload API version and build the caches (no watching yet)."""
@@ -532,10 +647,19 @@ class Controller:
             ", ".join(self.config.namespaces) or "all namespaces",
         )
 
-    async def run(self, stop: anyio.Event, grace: float = 10.0) -> None:
-        """Run until ``stop`` is set; then finish in-flight reconciles (up to ``grace`` s)."""
+    async def run(
+        self, stop: anyio.Event, elector: LeaderElector | None = None, grace: float = 10.0
+    ) -> None:
+        """Run until ``stop`` is set; then let in-flight reconciles finish (up to ``grace`` s).
+
+        Caches run all the time. With an ``elector`` the workers run only while this replica
+        leads, and every patch checks leadership first: a standby stays warm and ready, and a
+        leader that lost its lease stops acting before another can take over.
+        """
         if not self.reflectors:
             await self.start()
+        if elector is not None:
+            self._leading = lambda: elector.is_leader
         async with anyio.create_task_group() as tg:
             for r in self.reflectors:
                 tg.start_soon(r.run)
@@ -544,13 +668,27 @@ class Controller:
                 await _first_of(stop, self.ready)
                 sync_wait.cancel_scope.cancel()
             if self.ready.is_set():
-                async with anyio.create_task_group() as workers:
-                    for _ in range(self.config.workers):
-                        workers.start_soon(self._worker)
+                async with anyio.create_task_group() as acting:
+                    if elector is None:
+                        acting.start_soon(self._workers)
+                    else:
+                        acting.start_soon(elector.run_while_leading, self._lead)
                     await stop.wait()
-                    self.queue.shut_down()  # workers return after their current key
-                    workers.cancel_scope.deadline = anyio.current_time() + grace
+                    self.queue.shut_down()  # no new keys; workers return after their current one
+                    if self._busy:
+                        self._idle = anyio.Event()
+                        with anyio.move_on_after(grace):
+                            await self._idle.wait()
+                    acting.cancel_scope.cancel()
             tg.cancel_scope.cancel()
+
+    async def _lead(self, term: LeaderTerm) -> None:
+        log.info("leading (term %d): acting", term.number)
+        try:
+            await self._workers()
+        finally:
+            if term.lost.is_set():
+                log.warning("lost leadership (term %d): stopped acting", term.number)
 
     async def _wait_synced(self) -> None:
         for r in self.reflectors:

@@ -258,7 +258,10 @@ def run_demo(state_dir: Path | None = None, fast: bool = False) -> int:
     plane.start()
     work = Path(tempfile.mkdtemp(prefix="ungater-demo-"))
     config = work / "ungater.yaml"
-    config.write_text(f"namespaces: [{NS}]\nkinds:\n  - {{group: batch, kind: Job}}\n")
+    config.write_text(
+        f"namespaces: [{NS}]\nkinds:\n  - {{group: batch, kind: Job}}\n"
+        f"server: {{address: '127.0.0.1:0'}}\nleaderElection: {{namespace: {NS}}}\n"
+    )
     log_path = work / "ungater.log"
     proc = None
     try:

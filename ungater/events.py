@@ -16,14 +16,13 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ungater.kube import EVENTS, ApiError, Resource
 from ungater.model import WorkloadView
@@ -179,12 +178,13 @@ class EventRecorder:
         self._buckets: OrderedDict[tuple[str, str, str], _Bucket] = OrderedDict()
         self._global: _Bucket | None = None
         self._aggregates: OrderedDict[tuple[str, str, str, str], _Aggregate] = OrderedDict()
-        send, receive = anyio.create_memory_object_stream[_Pending](max_buffer_size=queue_size)
-        self._send: MemoryObjectSendStream[_Pending] = send
-        self._receive: MemoryObjectReceiveStream[_Pending] = receive
+        self.queue_size = queue_size
+        self._queue: deque[_Pending] = deque()
+        self._wakeup: anyio.Event | None = None  # set when the queue gets an item or closes
         self._closed = False
         self._done: anyio.Event | None = None
         self._run_scope: anyio.CancelScope | None = None
+        self._close_deadline: float | None = None
         self._seq = 0
         self._failing = False
 
@@ -212,13 +212,16 @@ class EventRecorder:
             return "dropped_rate_limited"
         if len(message) > MAX_MESSAGE:
             message = message[: MAX_MESSAGE - 3] + "..."
-        try:
-            self._send.send_nowait(_Pending(obj, type_, reason, message, _stamp(self.wall_clock())))
-        except anyio.WouldBlock:
+        if len(self._queue) >= self.queue_size:
             return "dropped_queue_full"
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            return "dropped_closed"
+        self._queue.append(_Pending(obj, type_, reason, message, _stamp(self.wall_clock())))
+        self._wake()
         return ""
+
+    def _wake(self) -> None:
+        wakeup, self._wakeup = self._wakeup, None
+        if wakeup is not None:
+            wakeup.set()
 
     def _allow(self, now: float, key: tuple[str, str, str]) -> bool:
         """Both buckets must hold a token; only then are both charged."""
@@ -255,27 +258,39 @@ class EventRecorder:
         try:
             with anyio.CancelScope() as scope:
                 self._run_scope = scope
-                async with self._receive:
-                    async for item in self._receive:  # ends when close() closes the queue
-                        await self._deliver(item)
+                if self._close_deadline is not None:  # close() came before we started
+                    scope.deadline = self._close_deadline
+                while self._queue or not self._closed:  # each pass sends one or waits
+                    if self._queue:
+                        await self._deliver(self._queue.popleft())
+                        continue
+                    self._wakeup = anyio.Event()
+                    await self._wakeup.wait()
+            if scope.cancelled_caught and self._closed:
+                left = len(self._queue)
+                while self._queue:
+                    item = self._queue.popleft()
+                    self._count(item.type_, item.reason, "dropped_closed")
+                log.warning("events: closing took too long; dropped %d queued event(s)", left)
         finally:
             self._run_scope = None
             self._done.set()
 
     async def close(self, timeout: float = 5.0) -> None:
         """Stop accepting Events and let ``run()`` send what is queued, for up to ``timeout``
-        seconds; then whatever is left is dropped. Never raises."""
+        seconds (also when ``run()`` starts only later); the rest is dropped. Never raises."""
         self._closed = True
-        self._send.close()
+        self._wake()
+        deadline = anyio.current_time() + timeout
+        if self._close_deadline is None or deadline < self._close_deadline:
+            self._close_deadline = deadline
+        scope = self._run_scope
+        if scope is not None:
+            scope.deadline = min(scope.deadline, deadline)
         done = self._done
-        if done is None:
-            return  # run() never started: nothing is sending
-        with anyio.move_on_after(timeout):
-            await done.wait()
-        if not done.is_set():
-            log.warning("events: %ss were not enough to send the queued events", timeout)
-            if self._run_scope is not None:
-                self._run_scope.cancel()
+        if done is not None:
+            with anyio.move_on_after(timeout + 1.0):  # run()'s own deadline ends it before
+                await done.wait()
 
     async def _deliver(self, item: _Pending) -> None:
         try:

@@ -280,11 +280,13 @@ class LeaderElector:
 
     async def _lead(self, term: LeaderTerm) -> None:
         while term.active:  # one renewal per pass; every exit ends the term
-            assert self._renewed_at is not None
+            if self._renewed_at is None:
+                self._end_term("no renewal on record")
+                return
             wait = min(self.retry_period, self._renewed_at + self.renew_deadline - self._clock())
             if wait > 0:
                 await self._sleep(wait)
-            if self._released:
+            if self._released or self._renewed_at is None:
                 return
             remaining = self._renewed_at + self.renew_deadline - self._clock()
             if remaining <= 0:

@@ -130,6 +130,7 @@ class ObjectView:
 class Condition:
     status: str
     reason: str = ""
+    transition_time: str = ""  # lastTransitionTime, RFC 3339
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,7 +332,11 @@ def parse_workload(obj: Mapping[str, Any]) -> WorkloadView:
             if isinstance(a, Mapping)
         )
     conditions = {
-        str(c["type"]): Condition(status=str(c.get("status", "")), reason=str(c.get("reason", "")))
+        str(c["type"]): Condition(
+            status=str(c.get("status", "")),
+            reason=str(c.get("reason", "")),
+            transition_time=str(c.get("lastTransitionTime", "")),
+        )
         for c in status.get("conditions") or ()
         if isinstance(c, Mapping) and "type" in c
     }

@@ -26,7 +26,10 @@ async def test_run_releases_and_exits_zero_on_sigterm(
 ) -> None:
     ns = kube_namespace
     config = tmp_path / "ungater.yaml"
-    config.write_text(f"namespaces: [{ns}]\nlogging: {{format: json}}\n")
+    config.write_text(
+        f"namespaces: [{ns}]\nlogging: {{format: json}}\nserver: {{address: '127.0.0.1:0'}}\n"
+        f"leaderElection: {{namespace: {ns}}}\n"
+    )
     job, sel = await make_job(kube, ns, "cli", 3)
     await create_workload(kube, job, "job-cli-a", {"main": 3})
     await admit(kube, ns, "job-cli-a", {"main": 2})

@@ -44,7 +44,6 @@ from tests.unit.test_deploy_render import (
     one,
     plain_objects,
     rendered_config,
-    strip_pending,
 )
 from ungater.config import Config
 from ungater.devcluster import helm as helm_tool
@@ -435,7 +434,7 @@ def controller_config(objects: list[dict[str, Any]], namespaces: list[str]) -> C
 
     Keys ungater.config does not know yet (leaderElection, server) are left out: this test
     runs the controller in-process, without its leader election or HTTP server."""
-    raw = strip_pending(rendered_config(objects))
+    raw = rendered_config(objects)
     raw["namespaces"] = namespaces
     raw["expectationsTimeoutSeconds"] = 5
     raw["watch"] = {

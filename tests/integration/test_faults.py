@@ -122,7 +122,12 @@ async def test_controller_sigkilled_between_patching_and_observing(
     job, sel = await make_job(kube, ns, "sigkill", 12)
     await create_workload(kube, job, "job-sigkill-a", {"main": 12})
     cfg = tmp_path / "ungater.yaml"
-    cfg.write_text(f"namespaces: [{ns}]\nclient: {{patchConcurrency: 2, qps: 20, burst: 2}}\n")
+    cfg.write_text(
+        f"namespaces: [{ns}]\nclient: {{patchConcurrency: 2, qps: 20, burst: 2}}\n"
+        "server: {address: '127.0.0.1:0'}\n"
+        f"leaderElection: {{namespace: {ns}, leaseDurationSeconds: 4, renewDeadlineSeconds: 3,"
+        " retryPeriodSeconds: 1}\n"
+    )
     cmd = [
         sys.executable,
         "-m",
@@ -153,7 +158,7 @@ async def test_controller_sigkilled_between_patching_and_observing(
             second = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)  # noqa: ASYNC220
         try:
             await eventually(
-                lambda: _eq(released_indexes(kube, ns, sel), list(range(7))), timeout=30
+                lambda: _eq(released_indexes(kube, ns, sel), list(range(7))), timeout=45
             )
             await holds_for(lambda: _eq(released_indexes(kube, ns, sel), list(range(7))), 1.0)
         finally:

@@ -29,7 +29,6 @@ UID = 65532
 #: Config keys the manifests already use but ungater.config may not know yet (leader
 #: election and the HTTP server are being integrated). A key leaves this set's exemption by
 #: itself: once Config has the field, the manifests' values are validated like any other.
-PENDING_KEYS = frozenset({"leaderElection", "server"})
 
 Rule = tuple[str, str, str, str | None]  # (apiGroup, resource, verb, resourceName or None)
 
@@ -90,14 +89,8 @@ def config_keys(model: type[BaseModel] = Config) -> set[str]:
     return {f.alias or name for name, f in model.model_fields.items()}
 
 
-def strip_pending(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """The config without the planned keys that ungater.config does not know yet."""
-    known = config_keys()
-    return {k: v for k, v in raw.items() if k in known or k not in PENDING_KEYS}
-
-
 def validated_config(raw: Mapping[str, Any]) -> Config:
-    return Config.model_validate(strip_pending(raw))
+    return Config.model_validate(raw)
 
 
 # -- RBAC checks (shared with the integration tests) ------------------------------------------
@@ -314,27 +307,13 @@ def test_plain_config_map_is_a_valid_config_file() -> None:
     assert lease_name(objects) == "ungater"
 
 
-def test_config_map_passes_check_config_but_for_the_pending_keys(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """`ungater check-config` on the ConfigMap's file: clean, or (until ungater.config knows
-    them) refused for the pending keys and nothing else."""
+def test_config_map_passes_check_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ungater check-config` accepts the file the ConfigMap mounts."""
     from ungater.cli import main
 
     path = tmp_path / "config.yaml"
     path.write_text(one(plain_objects(), "ConfigMap")["data"]["config.yaml"])
-    code = main(["check-config", str(path)])
-    err = capsys.readouterr().err
-    missing = sorted(PENDING_KEYS - config_keys())
-    if not missing:
-        assert code == 0, err
-        return
-    assert code == 2, err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert lines
-    for ln in lines:
-        assert "unknown key" in ln and any(f": {k}: " in ln for k in missing), ln
-    assert {k for k in missing if any(f": {k}: " in ln for ln in lines)} == set(missing)
+    assert main(["check-config", str(path)]) == 0, capsys.readouterr().err
 
 
 def test_least_privilege_check_catches_what_it_must() -> None:
@@ -388,10 +367,12 @@ def test_values_config_maps_one_to_one_onto_the_config_file() -> None:
     config = chart_values()["config"]
     known = _nested_keys(Config)
     given = _value_keys(config)
-    pending = {k for k in given if k.split(".")[0] in PENDING_KEYS - config_keys()}
-    assert not (given - known - pending), f"not config keys: {sorted(given - known - pending)}"
+    assert not (given - known), f"not config keys: {sorted(given - known)}"
     assert not (known - given), f"config keys missing from values.yaml: {sorted(known - given)}"
-    assert {k.split(".")[0] for k in pending} <= PENDING_KEYS
+    # the chart fills an empty Lease namespace and name with the release's namespace and name
+    le = config["leaderElection"]
+    assert (le["namespace"], le["leaseName"]) == ("", "")
+    config = {**config, "leaderElection": {**le, "namespace": None, "leaseName": "ungater"}}
     # the chart's defaults are the controller's defaults, but for the log format (json)
     dumped = validated_config(config).dump()
     defaults = Config().dump()

@@ -1,0 +1,144 @@
+"""Two replicas with leader election, as a Deployment runs them: separate `ungater run`
+processes sharing a Lease. Only the leader acts; the standby is warm and ready; when the
+leader is SIGKILLed the standby takes over within the lease time and finishes the work."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.integration.conftest import admit, create_workload
+from tests.integration.k8s import Kube
+from tests.integration.monitor import monitoring
+from tests.integration.test_jobs import make_job, released_indexes
+from tests.polling import eventually
+from ungater.kube import Resource
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+LEASE_S = 4.0
+
+
+class Replica:
+    def __init__(self, name: str, kubeconfig: Path, ns: str, tmp: Path) -> None:
+        self.name = name
+        self.log = tmp / f"{name}.log"
+        cfg = tmp / f"{name}.yaml"
+        cfg.write_text(
+            f"namespaces: [{ns}]\nserver: {{address: '127.0.0.1:0'}}\n"
+            f"leaderElection: {{namespace: {ns}, identity: {name}, leaseDurationSeconds: {LEASE_S},"
+            " renewDeadlineSeconds: 3, retryPeriodSeconds: 1}\n"
+        )
+        with self.log.open("w") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "ungater.cli",
+                    "run",
+                    "--kubeconfig",
+                    str(kubeconfig),
+                    "--config",
+                    str(cfg),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+
+    def url(self) -> str | None:
+        m = re.search(r"serving /metrics, /healthz, /readyz on (http://\S+)", self.log.read_text())
+        return m.group(1) if m else None
+
+    def get(self, path: str) -> tuple[int, str]:
+        url = self.url()
+        assert url, self.log.read_text()
+        try:
+            with urllib.request.urlopen(url + path, timeout=5) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(timeout=10)
+
+
+async def holder(kube: Kube, ns: str) -> str:
+    lease = await kube.get(LEASES, ns, "ungater")
+    return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
+
+
+async def test_standby_takes_over_when_the_leader_is_killed(
+    kube: Kube, kube_namespace: str, control_plane: Any, tmp_path: Path
+) -> None:
+    ns = kube_namespace
+    job, sel = await make_job(kube, ns, "ha", 6)
+    await create_workload(kube, job, "job-ha-a", {"main": 6})
+    replicas = {
+        n: Replica(n, control_plane.kubeconfig_path, ns, tmp_path)
+        for n in ("replica-a", "replica-b")
+    }
+    try:
+        async with monitoring(kube, ns, sel, cap=2) as mon:
+            leader_name = await eventually(lambda: holder(kube, ns), timeout=30, what="a leader")
+            leader = replicas[leader_name]
+            standby = next(r for n, r in replicas.items() if n != leader_name)
+            for r in replicas.values():  # both warm: ready once their caches synced
+                await eventually(
+                    lambda r=r: r.url() and r.get("/readyz")[0] == 200,
+                    timeout=30,
+                    what=f"{r.name} ready",
+                )
+                assert r.get("/healthz")[0] == 200
+            await admit(kube, ns, "job-ha-a", {"main": 2})
+            await eventually(lambda: _eq(released_indexes(kube, ns, sel), [0, 1]), timeout=30)
+            assert "ungater_leader 1.0" in leader.get("/metrics")[1]
+            metrics = standby.get("/metrics")[1]
+            assert "ungater_leader 0.0" in metrics
+            assert re.search(
+                r'ungater_pods_released_total\{kind="Job.batch",pod_set="main"\}',
+                leader.get("/metrics")[1],
+            )
+            assert "ungater_pods_released_total{" not in metrics or 'pod_set="main"} 0.0' in metrics
+
+            await anyio.to_thread.run_sync(lambda: leader.stop(signal.SIGKILL))
+            killed_at = time.monotonic()
+            mon.cap = 5
+            await admit(kube, ns, "job-ha-a", {"main": 5})
+            await eventually(
+                lambda: _eq(holder(kube, ns), standby.name),
+                timeout=3 * LEASE_S,
+                what="the standby holds the Lease",
+            )
+            await eventually(
+                lambda: _eq(released_indexes(kube, ns, sel), [0, 1, 2, 3, 4]), timeout=30
+            )
+            took = time.monotonic() - killed_at
+            assert took < LEASE_S + 6, f"takeover and release took {took:.1f}s"
+            code = await anyio.to_thread.run_sync(standby.stop)
+            assert code == 0, standby.log.read_text()
+            assert await holder(kube, ns) == "", "a clean shutdown hands the Lease back"
+    finally:
+        for r in replicas.values():
+            await anyio.to_thread.run_sync(lambda r=r: r.stop(signal.SIGKILL, 10))
+
+
+async def _eq(aw: Any, want: Any) -> bool:
+    return (await aw) == want
