@@ -539,6 +539,12 @@ class LocalControlPlane:
             "--use-service-account-credentials=false",
             "--leader-elect=false",
             "--profiling=false",
+            # The defaults (20 QPS, 5 Job syncs) are sized for a shared production API server;
+            # tests create and delete hundreds of pods at once and must not wait on them.
+            "--kube-api-qps=500",
+            "--kube-api-burst=1000",
+            "--concurrent-job-syncs=20",
+            "--concurrent-gc-syncs=40",
             f"--service-cluster-ip-range={_SERVICE_CLUSTER_IP_RANGE}",
         ]
         self._spawn("kube-controller-manager", args)
