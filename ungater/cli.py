@@ -52,6 +52,11 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the controller")
     cluster_args(run)
+    run.add_argument(
+        "--no-leader-election",
+        action="store_true",
+        help="act without a Lease (one replica only: two would both release)",
+    )
     check = sub.add_parser("check-config", help="validate a config file, print the effective one")
     check.add_argument("file", type=Path)
     plugins = sub.add_parser("plugins", help="list installed plugins and the kinds they serve")
@@ -121,6 +126,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ungater.logs import setup_logging
 
     config = _load(args.config)
+    if args.no_leader_election:
+        le = config.leader_election.model_copy(update={"enabled": False})
+        config = config.model_copy(update={"leader_election": le})
     setup_logging(config.logging.level, config.logging.format)
     return anyio.run(_run, args, config)
 

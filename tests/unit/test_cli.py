@@ -84,3 +84,10 @@ def test_run_without_cluster_is_one_clear_line(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0, proc.stderr
     assert proc.stderr.startswith("ungater: error:")
+
+
+def test_run_accepts_no_leader_election() -> None:
+    from ungater.cli import _parser
+
+    args = _parser().parse_args(["run", "--no-leader-election"])
+    assert args.no_leader_election is True

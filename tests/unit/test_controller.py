@@ -305,3 +305,21 @@ def test_kind_without_plugin_is_a_startup_error() -> None:
     config = make_config(kinds=[{"group": "example.com", "kind": "Widget"}])
     with pytest.raises(StartupError, match="Widget"):
         Controller(config, FakeKube(), PluginRegistry.from_modules({"job": job_plugin}))
+
+
+def test_a_plugin_that_failed_to_load_skips_only_its_kinds() -> None:
+    registry = PluginRegistry.from_modules({"job": job_plugin})
+    from ungater.registry import PluginInfo
+
+    registry.plugins["raycluster"] = PluginInfo(
+        "raycluster", "ungater", "0.1.0", error="import failed"
+    )
+    config = make_config(
+        kinds=[{"group": "batch", "kind": "Job"}, {"group": "ray.io", "kind": "RayCluster"}]
+    )
+    ctl = Controller(config, FakeKube(), registry)
+    assert [str(k) for k in ctl.kinds] == ["Job.batch"]
+    assert ctl.stats.skipped_kinds == ["RayCluster.ray.io"]
+    strict = make_config(kinds=[{"group": "batch", "kind": "Job"}], plugins={"failOnError": True})
+    with pytest.raises(StartupError, match="raycluster"):
+        Controller(strict, FakeKube(), registry)
