@@ -47,12 +47,13 @@ from ungater.model import (
     parse_pod,
     parse_workload,
 )
+from ungater.patches import release_patch
 from ungater.plugin_api import ResourceSpec
 from ungater.reflector import Reflector
 from ungater.registry import KindHandler, PluginError, PluginRegistry
 from ungater.workqueue import QueueShutDown, WorkQueue
 
-__all__ = ["Controller", "StartupError", "release_patch", "workload_resource"]
+__all__ = ["Controller", "StartupError", "workload_resource"]
 
 log = logging.getLogger(__name__)
 KUEUE_GROUP = "kueue.x-k8s.io"
@@ -65,47 +66,6 @@ class StartupError(Exception):
 
 def workload_resource(version: str) -> Resource:
     return Resource(KUEUE_GROUP, version, "workloads", "Workload")
-
-
-def _pointer(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
-
-
-def release_patch(release: Release) -> list[dict[str, Any]]:
-    """One JSON patch (atomic: all of it or nothing) that removes exactly our gate and applies
-    the pod set updates. The ``test`` fails the request if the gate list changed under us,
-    instead of removing someone else's gate."""
-    path = f"/spec/schedulingGates/{release.gate_index}"
-    ops: list[dict[str, Any]] = [
-        {"op": "test", "path": f"{path}/name", "value": release.gate},
-        {"op": "remove", "path": path},
-    ]
-    pod, changes = release.pod, release.changes
-    for field_path, wanted, have in (
-        ("/metadata/labels", changes.labels, pod.labels),
-        ("/metadata/annotations", changes.annotations, pod.annotations),
-        ("/spec/nodeSelector", changes.node_selector, pod.node_selector),
-    ):
-        if not wanted:
-            continue
-        if not have:  # the map is absent (or empty): add it whole
-            ops.append({"op": "add", "path": field_path, "value": dict(wanted)})
-        else:
-            ops.extend(
-                {"op": "add", "path": f"{field_path}/{_pointer(k)}", "value": v}
-                for k, v in wanted.items()
-            )
-    if changes.tolerations:
-        if not pod.tolerations:
-            ops.append(
-                {"op": "add", "path": "/spec/tolerations", "value": list(changes.tolerations)}
-            )
-        else:
-            ops.extend(
-                {"op": "add", "path": "/spec/tolerations/-", "value": dict(t)}
-                for t in changes.tolerations
-            )
-    return ops
 
 
 @dataclass

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from tests.fakekube import apply_json_patch
 from tests.unit.builders import GATE, facts, pod, workload
-from ungater.controller import release_patch
 from ungater.decision import decide
 from ungater.model import PodSetUpdate, parse_pod, parse_workload
+from ungater.patches import release_patch
 from ungater.podsetupdates import PodChanges, fit_to_pod, merge_updates
 
 PROVREQ = {

@@ -1,0 +1,86 @@
+"""The benchmark harness cannot rot: ``python -m bench run --quick`` against the session's control
+plane finishes, and its JSON holds every metric with sane values (no verdicts on goals: the
+quick sizes are far below the goals' and the machine is shared)."""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 240
+
+
+def _sane(summary: dict[str, Any], low: float, high: float) -> None:
+    assert summary["n"] >= 1, summary
+    for key in ("median", "p95", "min", "max"):
+        value = summary[key]
+        assert isinstance(value, int | float) and math.isfinite(value), summary
+        assert low < value < high, (key, summary)
+    assert summary["min"] <= summary["median"] <= summary["p95"] <= summary["max"], summary
+
+
+def test_quick_bench_run_reports_every_metric(control_plane: Any, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    suffix = secrets.token_hex(3)
+    args = [
+        sys.executable,
+        "-m",
+        "bench",
+        "run",
+        "--quick",
+        "--kubeconfig",
+        str(control_plane.kubeconfig_path),
+        "--out",
+        str(out),
+        "--namespace",
+        f"bench-smoke-{suffix}",
+        "--raw-namespace",
+        f"bench-smoke-raw-{suffix}",
+        "--delete-namespaces",
+    ]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "release latency" in done.stdout  # the table was printed
+    result = json.loads(out.read_text())
+    m = result["metrics"]
+
+    for config in ("raised", "default"):
+        for size in ("1", "10"):
+            _sane(m["release_latency"][config][size], 0, 30)
+        t = m["throughput"][config]
+        _sane(t["controller"], 0, 1e5)
+        _sane(t["baseline"], 0, 1e5)
+        assert 0 < t["ratio"] < 100
+        _sane(m["freed_slot_latency"][config], 0, 30)
+        _sane(m["arrival_latency"][config], 0, 30)
+        _sane(m["scaleup_churn"][config]["total"], 0, 60)
+        _sane(m["scaleup_churn"][config]["per_workload"], 0, 60)
+        assert m["controller_exit_code"][config] == 0
+
+    sc = m["scale"]
+    _sane(sc["rss_synced_mb"], 10, 2000)
+    _sane(sc["sync_seconds"], 0, 120)
+    _sane(sc["ready_seconds"], 0, 120)
+    _sane(sc["release_all_seconds"], 0, 120)
+    _sane(sc["peak_rss_mb"], 10, 4000)
+
+    rc = m["reconcile_cost"]
+    for mode in ("releasing", "idle"):
+        assert set(rc[mode]) == {"100", "1000"}
+        for summary in rc[mode].values():
+            _sane(summary, 0, 1e6)
+        assert 0 < rc[f"{mode}_ratio"] < 100
+
+    meta = result["meta"]["machine"]
+    assert meta["nproc"] and meta["kubernetes"].startswith("v1.")
+    assert {row["metric"] for row in result["table"]} >= {"freed-slot latency", "arrival latency"}
