@@ -217,10 +217,18 @@ def _download(
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path, log: Log) -> Iterator[None]:
+def file_lock(
+    path: Path,
+    log: Log,
+    error: type[Exception] = ControlPlaneUnavailable,
+    wait: float = _LOCK_WAIT_S,
+    poll: float = _LOCK_POLL_S,
+) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path``, so two builders never build into one directory;
+    waits at most ``wait`` seconds, then raises ``error``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a+") as handle:
-        deadline = time.monotonic() + _LOCK_WAIT_S
+        deadline = time.monotonic() + wait
         announced = False
         while True:
             try:
@@ -228,13 +236,11 @@ def _file_lock(path: Path, log: Log) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise ControlPlaneUnavailable(
-                        f"another build held {path} for more than {_LOCK_WAIT_S}s"
-                    ) from None
+                    raise error(f"another build held {path} for more than {wait}s") from None
                 if not announced:
                     log(f"waiting for another build to release {path}")
                     announced = True
-                time.sleep(_LOCK_POLL_S)
+                time.sleep(poll)
         try:
             yield
         finally:
@@ -462,7 +468,7 @@ def ensure_binaries(*, build: bool = True, log: Log | None = None) -> Binaries:
     if not build:
         raise ControlPlaneUnavailable(f"no finished build in {directory}")
     _go_executable()
-    with _file_lock(directory / "build.lock", say):
+    with file_lock(directory / "build.lock", say):
         if _is_complete(directory):
             say(f"reusing {directory / 'bin'} (built by another process)")
         else:

@@ -14,8 +14,6 @@ existing helm binary to use instead of building one.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import re
@@ -23,9 +21,11 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from ungater.devcluster.build import file_lock
 
 __all__ = [
     "HELM_MODULE",
@@ -134,31 +134,6 @@ def _go_env(gobin: Path) -> dict[str, str]:
         }
     )
     return env
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path, log: Log) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a+") as handle:
-        deadline = time.monotonic() + _LOCK_WAIT_S
-        announced = False
-        while True:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise HelmUnavailable(
-                        f"another build held {path} for more than {_LOCK_WAIT_S}s"
-                    ) from None
-                if not announced:
-                    log(f"waiting for another build to release {path}")
-                    announced = True
-                time.sleep(_LOCK_POLL_S)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def _tail(path: Path, lines: int = 30) -> str:
@@ -286,7 +261,9 @@ def ensure_helm(
     target = helm_path(version)
     try:
         _go_executable()
-        with _file_lock(target.parent / "build.lock", say):
+        with file_lock(
+            target.parent / "build.lock", say, HelmUnavailable, _LOCK_WAIT_S, _LOCK_POLL_S
+        ):
             if _is_complete(target, version):
                 say(f"reusing {target} (built by another process)")
                 return target
