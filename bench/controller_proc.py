@@ -1,13 +1,13 @@
 """The controller as a user runs it: ``python -m ungater.cli run --kubeconfig K --config C``.
 
-The harness writes the config file, starts the process, timestamps every line it logs (so
-"caches synced" gives the time to sync), reads its memory from ``/proc/PID/status`` and stops
-it with SIGTERM by pid (SIGKILL after a grace period). Optionally ``py-spy record`` attaches to
-it for a profile.
+The harness writes the config file, starts the process, timestamps every line it logs ("caches
+synced", "leading"), polls its ``/readyz``, reads its memory from ``/proc/PID/status`` and stops
+it with SIGTERM by pid (SIGKILL after a grace period).
 """
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -23,15 +23,25 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 __all__ = ["ControllerProcess", "controller_config", "memory_mb", "stop_process"]
 
 _SYNCED = "caches synced"
+_LEADING = "leading (term"
+_SERVING = re.compile(r"serving /metrics, /healthz, /readyz on (http://\S+)")
+_READYZ_POLL_S = 0.02
 _STOP_GRACE_S = 15.0
 _MAX_LINE = 1 << 20
 
 
 def controller_config(namespace: str, raised: bool) -> dict[str, Any]:
-    """The config file: one namespace, batch/v1 Job only; ``raised`` lifts the client limits."""
+    """The config file: one namespace, batch/v1 Job only; ``raised`` lifts the client limits.
+
+    Two settings differ from a user's for the shared machine only: the probe server listens on
+    a free loopback port (not ``:8080``), and the Lease has its own name, so a stale Lease of
+    another run or test never delays the start.
+    """
     config: dict[str, Any] = {
         "namespaces": [namespace],
         "kinds": [{"group": "batch", "kind": "Job"}],
+        "server": {"address": "127.0.0.1:0"},
+        "leaderElection": {"leaseName": "ungater-bench"},
     }
     if raised:
         config["client"] = {"qps": 100000, "burst": 100000}
@@ -48,17 +58,18 @@ def memory_mb(pid: int) -> dict[str, float]:
     return out
 
 
-async def stop_process(proc: anyio.abc.Process, sig: int = signal.SIGTERM) -> int | None:
+async def stop_process(proc: anyio.abc.Process, sig: signal.Signals = signal.SIGTERM) -> int | None:
     """Signal ``proc`` by pid, wait up to a grace period, then SIGKILL; its exit code."""
     with anyio.CancelScope(shield=True):
         if proc.returncode is None:
             proc.send_signal(sig)
-            with anyio.move_on_after(_STOP_GRACE_S):
-                return await proc.wait()
-            proc.kill()
-            with anyio.move_on_after(5):
+            with anyio.move_on_after(_STOP_GRACE_S) as waited:
                 await proc.wait()
-        return proc.returncode
+            if waited.cancelled_caught:
+                proc.kill()
+                with anyio.move_on_after(5):
+                    await proc.wait()
+    return proc.returncode
 
 
 class ControllerProcess:
@@ -71,9 +82,13 @@ class ControllerProcess:
         self.proc: anyio.abc.Process | None = None
         self.started_at = 0.0
         self.synced_at = 0.0
+        self.leading_at = 0.0
+        self.ready_at = 0.0
+        self.url = ""
         self.lines: list[tuple[float, str]] = []
         self._synced = anyio.Event()
-        self._profiler: subprocess.Popen[bytes] | None = None
+        self._leading = anyio.Event()
+        self._serving = anyio.Event()
 
     @property
     def pid(self) -> int:
@@ -82,13 +97,19 @@ class ControllerProcess:
 
     @property
     def sync_seconds(self) -> float:
+        """From process start to the "caches synced" log line."""
         return self.synced_at - self.started_at
+
+    @property
+    def ready_seconds(self) -> float:
+        """From process start to the first 200 from ``/readyz``."""
+        return self.ready_at - self.started_at
 
     def count(self, needle: str) -> int:
         return sum(1 for _, line in self.lines if needle in line)
 
     async def start(self, tg: anyio.abc.TaskGroup, timeout: float = 120.0) -> None:
-        """Start the process, read its log in ``tg`` and wait for "caches synced"."""
+        """Start the process, read its log in ``tg``; wait until it is ready and leading."""
         self.config_path.write_text(yaml.safe_dump(self.config, sort_keys=False))
         args = [
             sys.executable,
@@ -107,7 +128,10 @@ class ControllerProcess:
         tg.start_soon(self._read_log, self.proc)
         try:
             with anyio.fail_after(timeout):
+                await self._serving.wait()
+                await self._poll_readyz()
                 await self._synced.wait()
+                await self._leading.wait()
         except TimeoutError:
             await self.stop()
             raise RuntimeError(
@@ -130,26 +154,32 @@ class ControllerProcess:
                 if _SYNCED in line and not self._synced.is_set():
                     self.synced_at = now
                     self._synced.set()
+                elif _LEADING in line and not self._leading.is_set():
+                    self.leading_at = now
+                    self._leading.set()
+                elif (m := _SERVING.search(line)) and not self._serving.is_set():
+                    self.url = m.group(1)
+                    self._serving.set()
+
+    async def _poll_readyz(self) -> None:
+        """Poll ``/readyz`` until it answers 200 (the caller bounds the time)."""
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session:
+            while True:
+                try:
+                    async with session.get(f"{self.url}/readyz") as resp:
+                        if resp.status == 200:
+                            self.ready_at = time.monotonic()
+                            return
+                except aiohttp.ClientError:
+                    pass
+                await anyio.sleep(_READYZ_POLL_S)
 
     def memory(self) -> dict[str, float]:
         return memory_mb(self.pid)
 
-    def profile(self, py_spy: str, out: Path, rate: int = 50) -> None:
-        """Attach ``py-spy record`` (collapsed stacks, native frames off) to the controller."""
-        args = [py_spy, "record", "--pid", str(self.pid), "-r", str(rate), "-f", "raw"]
-        self._profiler = subprocess.Popen(
-            [*args, "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-
-    async def stop_profile(self) -> None:
-        """Stop py-spy with SIGINT, on which it writes its file."""
-        profiler, self._profiler = self._profiler, None
-        if profiler is not None and profiler.poll() is None:
-            profiler.send_signal(signal.SIGINT)
-            await anyio.to_thread.run_sync(profiler.wait, 30)
-
     async def stop(self) -> int | None:
         """SIGTERM (the controller's clean shutdown), then SIGKILL; the exit code."""
-        await self.stop_profile()
         proc, self.proc = self.proc, None
         return None if proc is None else await stop_process(proc)

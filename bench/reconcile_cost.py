@@ -2,21 +2,23 @@
 
 A real ``Controller`` (real plugin registry, real indexes, real decision) with a client that
 answers every patch at once; its Workload and pod indexes are filled directly with views parsed
-from API-shaped objects (``ungater.model.parse_*``), so 50k cached pods cost seconds, not a
-cluster. Timed: ``await controller.reconcile(key)`` for one owner with 10 pods, both when it
-releases all 10 (expectations reset between calls) and when it has nothing left to release.
+from API-shaped JSON (``ungater.model.parse_*`` on ``json.loads`` output, so no string is shared
+between objects, as from the wire), so 50k cached pods cost seconds, not a cluster. Timed:
+``await controller.reconcile(key)`` for one owner with 10 pods, both when it releases all 10
+(expectations reset between calls) and when it has nothing left to release. Also measured, with
+tracemalloc: the bytes the caches hold per pod.
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import logging
-import os
 import time
+import tracemalloc
 import uuid
 from typing import Any
 
-from bench.controller_proc import memory_mb
 from bench.objects import admission_status, pod_body, workload_body
 from ungater.cache import OwnerKey
 from ungater.config import Config
@@ -52,19 +54,24 @@ def _job(index: int) -> dict[str, Any]:
     }
 
 
+def _wire(obj: dict[str, Any]) -> Any:
+    """The object as the reflector gets it: decoded from JSON, sharing no strings."""
+    return json.loads(json.dumps(obj))
+
+
 def _add_owner(ctl: Controller, index: int, gated: bool) -> OwnerKey:
     job = _job(index)
     wl = workload_body(job, f"job-{index}-a", _PODS_PER_OWNER, "synthetic")
     wl["metadata"].update(namespace=_NS, uid=str(uuid.uuid4()))
     wl["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
     wl.update(admission_status(_PODS_PER_OWNER))
-    ctl.workloads.on_change(None, parse_workload(wl))
+    ctl.workloads.on_change(None, parse_workload(_wire(wl)))
     pods = ctl.kinds[_JOB].pods
     for i in range(_PODS_PER_OWNER):
         pod = pod_body(job, i, "synthetic", gated=gated)
         pod["metadata"].update(namespace=_NS, uid=str(uuid.uuid4()))
         pod["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
-        pods.on_change(None, parse_pod(pod))
+        pods.on_change(None, parse_pod(_wire(pod)))
     return OwnerKey(_NS, job["metadata"]["uid"])
 
 
@@ -88,7 +95,6 @@ async def reconcile_cost(others: tuple[int, ...], repeats: int) -> dict[str, Any
     ctl = Controller(config, _InstantClient(), PluginRegistry.discover())  # type: ignore[arg-type]
     releasing = _add_owner(ctl, 0, gated=True)
     idle = _add_owner(ctl, 1, gated=False)
-    rss0 = memory_mb(os.getpid())["VmRSS"]
     cached = 0
     owners = 2
     out: dict[str, Any] = {"releasing": {}, "idle": {}, "bytes_per_cached_pod": None}
@@ -100,6 +106,20 @@ async def reconcile_cost(others: tuple[int, ...], repeats: int) -> dict[str, Any
         gc.collect()
         out["releasing"][str(target)] = await _time(ctl, releasing, repeats, reset=True)
         out["idle"][str(target)] = await _time(ctl, idle, repeats, reset=False)
-    if cached:
-        out["bytes_per_cached_pod"] = (memory_mb(os.getpid())["VmRSS"] - rss0) * 1e6 / cached
+    out["bytes_per_cached_pod"] = _bytes_per_pod(ctl, owners)
     return out
+
+
+def _bytes_per_pod(ctl: Controller, first: int, owners: int = 100) -> float:
+    """Bytes the caches keep per pod (Workloads included), traced over ``owners`` more owners."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        for i in range(first, first + owners):
+            _add_owner(ctl, i, gated=True)
+        gc.collect()
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return (after - before) / (owners * _PODS_PER_OWNER)

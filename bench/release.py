@@ -3,78 +3,128 @@ and the raw baseline, the same patches from a minimal script with the same clien
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 
 import anyio
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from bench.bed import Bed, settle_seconds
 from bench.controller_proc import stop_process
+from bench.machine import CpuMeter
 from bench.objects import CONTROLLER_UID
+from bench.profile import PySpy
 
-__all__ = ["baseline_throughput", "release_latency"]
+__all__ = ["Release", "baseline_release", "release_latency"]
 
 
-async def release_latency(bed: Bed, pods: int, repeats: int) -> list[float]:
-    """Seconds from the Admitted status write (request sent) to the last pod seen released."""
-    samples: list[float] = []
+@dataclass
+class Release:
+    """One timed release of ``pods`` pods: to the last one, to the first one, CPU meanwhile."""
+
+    pods: int
+    seconds: float
+    first_seconds: float
+    cpu: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def pods_per_second(self) -> float:
+        return self.pods / self.seconds
+
+
+async def release_latency(
+    bed: Bed,
+    pods: int,
+    repeats: int,
+    pids: dict[str, int] | None = None,
+    profile: tuple[PySpy, int] | None = None,
+) -> list[Release]:
+    """From the Admitted status write (request sent) to the last pod seen released.
+
+    ``profile``: a py-spy and the pid to profile for exactly the timed window.
+    """
+    out: list[Release] = []
     for _ in range(repeats):
         ej = await bed.elastic_job(f"lat{pods}", pods)
         await anyio.sleep(settle_seconds(pods))
+        if profile is not None:
+            await profile[0].start(profile[1])
+        meter = CpuMeter({**(pids or {}), "harness": os.getpid()})
+        meter.start()
         t0 = await bed.api.admit(bed.namespace, ej.slice_name, pods)
         t1 = await bed.observer.owner_released(ej.uid, pods, timeout=60 + pods / 5)
-        samples.append(t1 - t0)
+        cpu = meter.stop()
+        if profile is not None:
+            await profile[0].stop()
+        first = min(bed.observer.released_by_owner[ej.uid])
+        out.append(Release(pods, t1 - t0, first - t0, cpu))
         await bed.clean(pods)
-    return samples
+    return out
 
 
-async def baseline_throughput(
-    bed: Bed, pods: int, repeats: int, qps: float, burst: int, concurrency: int = 32
-) -> list[float]:
-    """Pods per second of ``python -m bench.raw``: from "go" to the last pod seen released."""
-    samples: list[float] = []
-    for _ in range(repeats):
-        name = bed.name(f"raw{pods}")
-        job = await bed.api.create_job(bed.namespace, name, pods, bed.run)
-        created = await bed.api.create_pods(job, range(pods), bed.run)
-        uids = [p["metadata"]["uid"] for _, p in created]
-        await bed.observer.seen(uids, timeout=60 + pods / 10)
-        selector = f"{CONTROLLER_UID}={job['metadata']['uid']}"
-        args = [
-            sys.executable,
-            "-m",
-            "bench.raw",
-            "--kubeconfig",
-            str(bed.kubeconfig),
-            "--namespace",
-            bed.namespace,
-            "--selector",
-            selector,
-            "--concurrency",
-            str(concurrency),
-            "--qps",
-            str(qps),
-            "--burst",
-            str(burst),
-        ]
-        proc = await anyio.open_process(args, stderr=subprocess.DEVNULL)
-        try:
-            assert proc.stdin is not None and proc.stdout is not None
-            out = BufferedByteReceiveStream(proc.stdout)
-            with anyio.fail_after(60):
-                ready = await out.receive_until(b"\n", 1024)
-            if not ready.startswith(b"ready"):
-                raise RuntimeError(f"bench.raw did not start: {ready!r}")
-            await anyio.sleep(settle_seconds(0))
-            t0 = time.monotonic()
-            await proc.stdin.send(b"go\n")
-            t1 = await bed.observer.released(uids, timeout=60 + pods / 5)
-            samples.append(pods / (t1 - t0))
-            with anyio.fail_after(60):
-                await out.receive_until(b"\n", 1024)
-        finally:
-            await stop_process(proc)
-        await bed.clean(pods)
-    return samples
+def _raw_args(bed: Bed, selector: str, concurrency: int, qps: float, burst: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "bench.raw",
+        "--kubeconfig",
+        str(bed.kubeconfig),
+        "--namespace",
+        bed.namespace,
+        "--selector",
+        selector,
+        "--concurrency",
+        str(concurrency),
+        "--qps",
+        str(qps),
+        "--burst",
+        str(burst),
+    ]
+
+
+async def baseline_release(
+    bed: Bed,
+    pods: int,
+    qps: float,
+    burst: int,
+    concurrency: int = 32,
+    pids: dict[str, int] | None = None,
+    profile: PySpy | None = None,
+) -> Release:
+    """``python -m bench.raw`` over ``pods`` gated pods: from "go" to the last seen released."""
+    name = bed.name(f"raw{pods}")
+    job = await bed.api.create_job(bed.namespace, name, pods, bed.run)
+    created = await bed.api.create_pods(job, range(pods), bed.run)
+    uids = [p["metadata"]["uid"] for _, p in created]
+    await bed.observer.seen(uids, timeout=60 + pods / 10)
+    selector = f"{CONTROLLER_UID}={job['metadata']['uid']}"
+    args = _raw_args(bed, selector, concurrency, qps, burst)
+    proc = await anyio.open_process(args, stderr=subprocess.DEVNULL)
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        out = BufferedByteReceiveStream(proc.stdout)
+        with anyio.fail_after(60):
+            ready = await out.receive_until(b"\n", 1024)
+        if not ready.startswith(b"ready"):
+            raise RuntimeError(f"bench.raw did not start: {ready!r}")
+        await anyio.sleep(settle_seconds(0))
+        if profile is not None:
+            await profile.start(proc.pid)
+        meter = CpuMeter({**(pids or {}), "bench.raw": proc.pid, "harness": os.getpid()})
+        meter.start()
+        t0 = time.monotonic()
+        await proc.stdin.send(b"go\n")
+        t1 = await bed.observer.released(uids, timeout=60 + pods / 5)
+        cpu = meter.stop()
+        if profile is not None:
+            await profile.stop()
+        first = min(bed.observer.released_at[u] for u in uids)
+        with anyio.fail_after(60):
+            await out.receive_until(b"\n", 1024)
+    finally:
+        await stop_process(proc)
+    await bed.clean(pods)
+    return Release(pods, t1 - t0, first - t0, cpu)

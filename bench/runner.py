@@ -12,18 +12,21 @@ from __future__ import annotations
 import secrets
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
+import yaml
 
 from bench import churn, release, slots
 from bench.api import BenchApi
 from bench.bed import Bed
 from bench.controller_proc import ControllerProcess, controller_config
-from bench.machine import load_average, machine_info
+from bench.machine import control_plane_pids, load_average, machine_info
 from bench.observer import PodObserver
+from bench.profile import PySpy
 from bench.reconcile_cost import reconcile_cost
 from bench.report import table_rows
 from bench.scale import scale
@@ -45,6 +48,7 @@ class Options:
     only: frozenset[str] = frozenset(SCENARIOS)
     py_spy: str | None = None
     delete_namespaces: bool = False
+    plane_pids: dict[str, int] = field(default_factory=dict)
 
 
 def _limits(raised: bool) -> tuple[float, int]:
@@ -56,6 +60,12 @@ async def _kubernetes_version(api: BenchApi) -> str:
 
     info = await client.VersionApi(api._api).get_code()
     return str(info.git_version)
+
+
+def _apiserver_port(kubeconfig: Path) -> int:
+    config = yaml.safe_load(kubeconfig.read_text())
+    server = str(config["clusters"][0]["cluster"]["server"])
+    return urlsplit(server).port or 443
 
 
 async def _with_controller(
@@ -77,29 +87,42 @@ async def _with_controller(
     return out
 
 
+def _latency_summary(samples: list[release.Release]) -> dict[str, Any]:
+    out = summarize([r.seconds for r in samples], "s")
+    out["first_pod"] = summarize([r.first_seconds for r in samples], "s")
+    out["cpu_cores"] = _cpu_summary(samples)
+    return out
+
+
+def _cpu_summary(samples: list[release.Release]) -> dict[str, float]:
+    """Mean cores used per process over the timed intervals."""
+    names = sorted({k for r in samples for k in r.cpu})
+    return {n: round(statistics.mean(r.cpu.get(n, 0.0) for r in samples), 3) for n in names}
+
+
 async def _measure(
     opts: Options, bed: Bed, raw: Bed, label: str, raised: bool, proc: ControllerProcess
 ) -> dict[str, Any]:
     s = opts.sizes
     out: dict[str, Any] = {}
-    if "latency" in opts.only or "throughput" in opts.only:
+    pids = {**opts.plane_pids, "controller": proc.pid}
+    if opts.only & {"latency", "throughput"}:
         latency: dict[str, Any] = {}
         for pods, repeats in sorted(s.latency_repeats.items()):
             if pods == s.throughput_pods and "throughput" in opts.only:
-                out["throughput"] = await _throughput(opts, bed, raw, label, raised, proc)
-                samples = out["throughput"].pop("latency_samples")
+                samples, out["throughput"] = await _throughput(opts, bed, raw, label, raised, proc)
             elif "latency" in opts.only:
-                samples = await release.release_latency(bed, pods, repeats)
+                samples = await release.release_latency(bed, pods, repeats, pids)
             else:
                 continue
-            latency[str(pods)] = summarize(samples, "s")
+            latency[str(pods)] = _latency_summary(samples)
         out["release_latency"] = latency
     if "freed" in opts.only:
-        samples = await slots.freed_slot_latency(bed, s.freed_cap, s.freed_samples)
-        out["freed_slot_latency"] = summarize(samples, "s")
+        freed = await slots.freed_slot_latency(bed, s.freed_cap, s.freed_samples)
+        out["freed_slot_latency"] = summarize(freed, "s")
     if "arrival" in opts.only:
-        samples = await slots.arrival_latency(bed, s.arrival_rounds, s.arrival_batch)
-        out["arrival_latency"] = summarize(samples, "s")
+        arrival = await slots.arrival_latency(bed, s.arrival_rounds, s.arrival_batch)
+        out["arrival_latency"] = summarize(arrival, "s")
     if "churn" in opts.only:
         totals, per = await churn.scaleup_churn(
             bed, s.churn_workloads, s.churn_from, s.churn_to, s.churn_repeats
@@ -116,35 +139,42 @@ async def _measure(
 
 async def _throughput(
     opts: Options, bed: Bed, raw: Bed, label: str, raised: bool, proc: ControllerProcess
-) -> dict[str, Any]:
+) -> tuple[list[release.Release], dict[str, Any]]:
     """Controller and raw baseline at the same size, interleaved repeat by repeat."""
     s = opts.sizes
     pods = s.throughput_pods
     qps, burst = _limits(raised)
-    latencies: list[float] = []
-    baseline: list[float] = []
-    profile = opts.workdir / f"profile-controller-{label}.txt"
+    ours: list[release.Release] = []
+    theirs: list[release.Release] = []
+    spies: dict[str, PySpy] = {}
     if opts.py_spy and raised:
-        proc.profile(opts.py_spy, profile)
-    try:
-        for _ in range(s.latency_repeats.get(pods, s.baseline_repeats)):
-            latencies.extend(await release.release_latency(bed, pods, 1))
-            baseline.extend(await release.baseline_throughput(raw, pods, 1, qps, burst))
-    finally:
-        await proc.stop_profile()
-    controller = [pods / x for x in latencies]
+        for who in ("controller", "raw"):
+            spies[who] = PySpy(opts.py_spy, opts.workdir / f"profile-{who}-{label}.txt")
+    pids = {**opts.plane_pids, "controller": proc.pid}
+    ctl_spy = (spies["controller"], proc.pid) if spies else None
+    for _ in range(s.latency_repeats[pods]):
+        ours.extend(await release.release_latency(bed, pods, 1, pids, ctl_spy))
+        theirs.append(
+            await release.baseline_release(
+                raw, pods, qps, burst, pids=pids, profile=spies.get("raw")
+            )
+        )
+    controller = summarize([r.pods_per_second for r in ours], "pods/s")
+    baseline = summarize([r.pods_per_second for r in theirs], "pods/s")
     out: dict[str, Any] = {
         "pods": pods,
         "qps": qps,
         "burst": burst,
-        "controller": summarize(controller, "pods/s"),
-        "baseline": summarize(baseline, "pods/s"),
-        "ratio": statistics.median(controller) / statistics.median(baseline),
-        "latency_samples": latencies,
+        "controller": controller,
+        "baseline": baseline,
+        "ratio": controller["median"] / baseline["median"],
+        "controller_first_pod": summarize([r.first_seconds for r in ours], "s"),
+        "baseline_first_pod": summarize([r.first_seconds for r in theirs], "s"),
+        "controller_cpu_cores": _cpu_summary(ours),
+        "baseline_cpu_cores": _cpu_summary(theirs),
     }
-    if opts.py_spy and raised:
-        out["profile"] = str(profile)
-    return out
+    out["profiles"] = {who: str(spy.finish()) for who, spy in spies.items()}
+    return ours, out
 
 
 async def run_all(opts: Options) -> dict[str, Any]:
@@ -156,6 +186,7 @@ async def run_all(opts: Options) -> dict[str, Any]:
     per_config: dict[str, dict[str, Any]] = {}
     try:
         version = await _kubernetes_version(api)
+        opts.plane_pids = control_plane_pids(_apiserver_port(opts.kubeconfig))
         for ns in (opts.namespace, opts.raw_namespace):
             await api.ensure_namespace(ns)
             await api.empty_namespace(ns)
@@ -195,15 +226,16 @@ async def run_all(opts: Options) -> dict[str, Any]:
     for label, res in per_config.items():
         for key, value in res.items():
             metrics.setdefault(key, {})[label] = value
-    result = {
+    result: dict[str, Any] = {
         "meta": {
             "machine": machine_info(version),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
             "duration_seconds": round(time.time() - started, 1),
             "load_average_before": load_before,
             "load_average_after": load_average(),
-            "sizes": {k: v for k, v in vars(opts.sizes).items() if k != "notes"},
+            "sizes": asdict(opts.sizes),
             "namespace": opts.namespace,
+            "control_plane_pids": opts.plane_pids,
         },
         "metrics": metrics,
     }
@@ -222,6 +254,7 @@ async def _scale(opts: Options, bed: Bed) -> dict[str, Any]:
     out: dict[str, Any] = {k: v for k, v in raw.items() if not isinstance(v, list)}
     out["config"] = "default"
     out["sync_seconds"] = summarize(raw["sync_seconds"], "s")
+    out["ready_seconds"] = summarize(raw["ready_seconds"], "s")
     out["rss_synced_mb"] = summarize(raw["rss_synced_mb"], "MB")
     out["rss_settled_mb"] = summarize(raw["rss_settled_mb"], "MB")
     for key, unit in (("release_all_seconds", "s"), ("peak_rss_mb", "MB")):

@@ -45,6 +45,7 @@ async def scale(
         "workloads": workloads,
         "setup_seconds": setup_s,
         "sync_seconds": [],
+        "ready_seconds": [],
         "rss_synced_mb": [],
         "rss_settled_mb": [],
     }
@@ -54,6 +55,7 @@ async def scale(
             try:
                 await proc.start(tg, timeout=300)
                 out["sync_seconds"].append(proc.sync_seconds)
+                out["ready_seconds"].append(proc.ready_seconds)
                 out["rss_synced_mb"].append(proc.memory()["VmRSS"])
                 await anyio.sleep(settle_seconds(total))
                 out["rss_settled_mb"].append(proc.memory()["VmRSS"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = ["FULL", "QUICK", "Sizes"]
 
@@ -10,8 +10,7 @@ __all__ = ["FULL", "QUICK", "Sizes"]
 @dataclass(frozen=True)
 class Sizes:
     latency_repeats: dict[int, int]  # pods per pod set -> repeats
-    throughput_pods: int  # must be a key of latency_repeats
-    baseline_repeats: int
+    throughput_pods: int  # a key of latency_repeats: that size is timed against the baseline
     freed_cap: int
     freed_samples: int
     arrival_rounds: int
@@ -26,13 +25,11 @@ class Sizes:
     reconcile_others: tuple[int, ...]
     reconcile_repeats: int
     default_config: bool = True  # also measure the default client config
-    notes: list[str] = field(default_factory=list)
 
 
 FULL = Sizes(
-    latency_repeats={1: 15, 10: 15, 100: 10, 1000: 5},
+    latency_repeats={1: 15, 10: 15, 100: 10, 1000: 8},
     throughput_pods=1000,
-    baseline_repeats=5,
     freed_cap=5,
     freed_samples=20,
     arrival_rounds=20,
@@ -51,7 +48,6 @@ FULL = Sizes(
 QUICK = Sizes(
     latency_repeats={1: 1, 10: 1},
     throughput_pods=10,
-    baseline_repeats=1,
     freed_cap=2,
     freed_samples=2,
     arrival_rounds=2,

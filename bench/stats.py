@@ -41,6 +41,8 @@ def _fmt(value: Any, unit: str) -> str:
         return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
     if unit == "us":
         return f"{value:.0f} µs"
+    if unit == "B":
+        return f"{value:.0f} B"
     if unit == "MB":
         return f"{value:.0f} MB"
     if unit == "pods/s":

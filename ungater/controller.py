@@ -446,7 +446,7 @@ class Controller:
                 self._ours.discard(r.pod.uid)
                 if outcome == "conflict":
                     await self._check_foreign_release(r)
-                retry = outcome != "skipped"
+                retry = retry or outcome != "skipped"
             else:
                 failed += 1  # unknown outcome: the patch may have landed; keep expecting it
         admitted = active.conditions.get(ADMITTED) if active is not None else None
