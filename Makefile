@@ -46,5 +46,10 @@ test: control-plane helm lint
 demo: control-plane
 	$(BIN)/ungater demo
 
+# The benchmarks (docs/benchmarks.md): about 15 minutes on 2 cores; not part of `make test`,
+# which runs only their smoke size (tests/integration/test_bench_smoke.py).
+bench: control-plane
+	$(BIN)/python -m bench run
+
 clean:
 	rm -rf $(VENV) build *.egg-info

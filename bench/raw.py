@@ -4,6 +4,10 @@ Run as a separate process (``python -m bench.raw``), as the controller is: it li
 a selector, says ``ready N`` on stdout, waits for a line on stdin, then sends one guarded JSON
 patch per pod (the controller's exact patch) through ``ungater.kube.connect`` with the same
 QPS, burst, pool size and patch concurrency as the controller, and says ``done SECONDS``.
+
+``--watch`` also keeps a pod watch on the selector open and decodes every event, as any
+controller's cache must: that variant tells how much of the gap to the controller is the cost
+of watching its own writes (on the API server and in the process), not the controller's logic.
 """
 
 from __future__ import annotations
@@ -36,24 +40,35 @@ async def release_all(args: argparse.Namespace) -> None:
         pool_size=args.concurrency + 16,  # what `ungater run` asks for with one namespace
     )
     try:
-        pods, _ = await client.list_objects(PODS, args.namespace, args.selector)
+        pods, rv = await client.list_objects(PODS, args.namespace, args.selector)
         pods = [p for p in pods if GATE in str(p["spec"].get("schedulingGates"))]
-        print(f"ready {len(pods)}", flush=True)
-        await anyio.to_thread.run_sync(sys.stdin.readline)
-        start = time.monotonic()
-        slots = anyio.Semaphore(args.concurrency)
+        async with anyio.create_task_group() as watching:
+            if args.watch:
+                watching.start_soon(_watch, client, args, rv)
+            print(f"ready {len(pods)}", flush=True)
+            await anyio.to_thread.run_sync(sys.stdin.readline)
+            start = time.monotonic()
+            slots = anyio.Semaphore(args.concurrency)
 
-        async def one(pod: dict[str, Any]) -> None:
-            async with slots:
-                meta = pod["metadata"]
-                await client.json_patch(PODS, meta["namespace"], meta["name"], _patch(pod))
+            async def one(pod: dict[str, Any]) -> None:
+                async with slots:
+                    meta = pod["metadata"]
+                    await client.json_patch(PODS, meta["namespace"], meta["name"], _patch(pod))
 
-        async with anyio.create_task_group() as tg:
-            for pod in pods:
-                tg.start_soon(one, pod)
-        print(f"done {time.monotonic() - start:.6f}", flush=True)
+            async with anyio.create_task_group() as tg:
+                for pod in pods:
+                    tg.start_soon(one, pod)
+            print(f"done {time.monotonic() - start:.6f}", flush=True)
+            watching.cancel_scope.cancel()
     finally:
         await client.close()
+
+
+async def _watch(client: Any, args: argparse.Namespace, rv: str) -> None:
+    """Decode every pod event of the selector until cancelled (one watch is enough here)."""
+    events = 0
+    async for _event in client.watch(PODS, args.namespace, rv, args.selector, 300, 300):
+        events += 1
 
 
 def main() -> None:
@@ -64,6 +79,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--qps", type=float, default=200.0)
     p.add_argument("--burst", type=int, default=400)
+    p.add_argument("--watch", action="store_true", help="also watch the pods, as a cache would")
     anyio.run(release_all, p.parse_args())
 
 

@@ -32,6 +32,7 @@ __all__ = ["reconcile_cost"]
 _NS = "bench-synthetic"
 _JOB = Kind("batch", "Job")
 _PODS_PER_OWNER = 10
+_WARMUP = 20  # untimed calls first at each size
 
 
 class _InstantClient:
@@ -77,12 +78,13 @@ def _add_owner(ctl: Controller, index: int, gated: bool) -> OwnerKey:
 
 async def _time(ctl: Controller, key: OwnerKey, repeats: int, reset: bool) -> list[float]:
     out: list[float] = []
-    for _ in range(repeats):
+    for i in range(repeats + _WARMUP):
         if reset:
             ctl.expectations.forget_key(key)
         t = time.perf_counter()
         await ctl.reconcile(key)
-        out.append((time.perf_counter() - t) * 1e6)
+        if i >= _WARMUP:
+            out.append((time.perf_counter() - t) * 1e6)
     return out
 
 

@@ -65,7 +65,9 @@ async def release_latency(
     return out
 
 
-def _raw_args(bed: Bed, selector: str, concurrency: int, qps: float, burst: int) -> list[str]:
+def _raw_args(
+    bed: Bed, selector: str, concurrency: int, qps: float, burst: int, watch: bool
+) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -82,6 +84,7 @@ def _raw_args(bed: Bed, selector: str, concurrency: int, qps: float, burst: int)
         str(qps),
         "--burst",
         str(burst),
+        *(["--watch"] if watch else []),
     ]
 
 
@@ -93,6 +96,7 @@ async def baseline_release(
     concurrency: int = 32,
     pids: dict[str, int] | None = None,
     profile: PySpy | None = None,
+    watch: bool = False,
 ) -> Release:
     """``python -m bench.raw`` over ``pods`` gated pods: from "go" to the last seen released."""
     name = bed.name(f"raw{pods}")
@@ -101,7 +105,7 @@ async def baseline_release(
     uids = [p["metadata"]["uid"] for _, p in created]
     await bed.observer.seen(uids, timeout=60 + pods / 10)
     selector = f"{CONTROLLER_UID}={job['metadata']['uid']}"
-    args = _raw_args(bed, selector, concurrency, qps, burst)
+    args = _raw_args(bed, selector, concurrency, qps, burst, watch)
     proc = await anyio.open_process(args, stderr=subprocess.DEVNULL)
     try:
         assert proc.stdin is not None and proc.stdout is not None

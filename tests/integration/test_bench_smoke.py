@@ -60,6 +60,7 @@ def test_quick_bench_run_reports_every_metric(control_plane: Any, tmp_path: Path
         t = m["throughput"][config]
         _sane(t["controller"], 0, 1e5)
         _sane(t["baseline"], 0, 1e5)
+        _sane(t["baseline_with_watch"], 0, 1e5)
         assert 0 < t["ratio"] < 100
         _sane(m["freed_slot_latency"][config], 0, 30)
         _sane(m["arrival_latency"][config], 0, 30)
