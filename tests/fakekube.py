@@ -175,6 +175,13 @@ class FakeKube:
         ]
         return out, str(self.rv)
 
+    async def list_pages(
+        self, resource: Resource, namespace: str | None, label_selector: str = ""
+    ) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
+        items, rv = await self.list_objects(resource, namespace, label_selector)
+        for start in range(0, max(len(items), 1), 500):  # pages as the API server cuts them
+            yield items[start : start + 500], rv
+
     async def watch(
         self,
         resource: Resource,

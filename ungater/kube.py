@@ -89,6 +89,14 @@ class KubeClient(Protocol):
         """All matching objects and the list's resourceVersion."""
         ...
 
+    def list_pages(
+        self, resource: Resource, namespace: str | None, label_selector: str = ""
+    ) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
+        """The same list, one page at a time, each with the list's resourceVersion so far (the
+        last page's is the list's). Lets a cache keep slim views without holding every raw
+        object of a large list at once."""
+        ...
+
     def watch(
         self,
         resource: Resource,
@@ -197,10 +205,9 @@ class ApiClientKube:
         data: dict[str, Any] = json.loads(raw)
         return data
 
-    async def list_objects(
+    async def list_pages(
         self, resource: Resource, namespace: str | None, label_selector: str = ""
-    ) -> tuple[list[dict[str, Any]], str]:
-        items: list[dict[str, Any]] = []
+    ) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
         cont = ""
         while True:  # bounded by the server's pages: each answer moves `continue` forward
             query = [("limit", "500")]
@@ -209,15 +216,26 @@ class ApiClientKube:
             if cont:
                 query.append(("continue", cont))
             data = await self._json(await self._request("GET", resource.path(namespace), query))
-            for item in data.get("items") or ():
+            items = data.get("items") or []
+            for item in items:
                 # list items lack kind/apiVersion; put them back so views are self-describing
                 item.setdefault("apiVersion", resource.api_version)
                 item.setdefault("kind", resource.kind)
-                items.append(item)
             meta = data.get("metadata") or {}
             cont = meta.get("continue") or ""
+            yield items, str(meta.get("resourceVersion", ""))
             if not cont:
-                return items, str(meta.get("resourceVersion", ""))
+                return
+
+    async def list_objects(
+        self, resource: Resource, namespace: str | None, label_selector: str = ""
+    ) -> tuple[list[dict[str, Any]], str]:
+        items: list[dict[str, Any]] = []
+        rv = ""
+        async for page, page_rv in self.list_pages(resource, namespace, label_selector):
+            items.extend(page)
+            rv = page_rv
+        return items, rv
 
     async def watch(
         self,

@@ -108,10 +108,16 @@ class Reflector(Generic[V]):
     def replace(self, items: list[dict[str, Any]]) -> None:
         """Make the store exactly ``items``: deletions for what vanished, then upserts."""
         fresh: dict[str, V | None] = {}
+        self._parse_into(fresh, items)
+        self._replace_with(fresh)
+
+    def _parse_into(self, fresh: dict[str, V | None], items: list[dict[str, Any]]) -> None:
         for obj in items:
             parsed = self._parse(obj)
             if parsed is not None:
                 fresh[parsed[0]] = parsed[1]
+
+    def _replace_with(self, fresh: dict[str, V | None]) -> None:
         for uid in [u for u in self.store if fresh.get(u) is None]:
             self._delete(uid)
         for uid, view in fresh.items():
@@ -138,11 +144,17 @@ class Reflector(Generic[V]):
             self._put(uid, view)
 
     async def relist(self) -> None:
-        items, rv = await self.client.list_objects(
+        # Page by page: only slim views are kept, each raw page is dropped before the next one
+        # arrives, so a large list never holds every raw object in memory at once.
+        fresh: dict[str, V | None] = {}
+        rv = ""
+        async for page, page_rv in self.client.list_pages(
             self.resource, self.namespace, self.label_selector
-        )
+        ):
+            self._parse_into(fresh, page)
+            rv = page_rv
         self.stats.lists += 1
-        self.replace(items)
+        self._replace_with(fresh)
         self.resource_version = rv
         self.synced.set()
 
