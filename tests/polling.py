@@ -44,3 +44,8 @@ async def holds_for(
             result = await result
         assert result, f"invariant broken: {what or probe!r}: {result!r}"
         await anyio.sleep(interval)
+
+
+async def equals(value: Awaitable[object], want: object) -> bool:
+    """``await value == want``, for probes built from an awaitable query."""
+    return (await value) == want

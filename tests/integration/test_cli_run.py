@@ -16,7 +16,7 @@ import pytest
 from tests.integration.conftest import admit, create_workload
 from tests.integration.k8s import Kube
 from tests.integration.test_jobs import make_job, released_indexes
-from tests.polling import eventually
+from tests.polling import equals, eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -52,7 +52,7 @@ async def test_run_releases_and_exits_zero_on_sigterm(
         )
     try:
         await eventually(
-            lambda: _eq(released_indexes(kube, ns, sel), [0, 1]),
+            lambda: equals(released_indexes(kube, ns, sel), [0, 1]),
             timeout=30,
             what=f"release by the ungater process (log: {log})",
         )
@@ -110,7 +110,3 @@ async def test_explain_unknown_workload_is_one_line(
     )
     assert proc.returncode == 1
     assert proc.stderr.strip() == f"ungater: error: workload {kube_namespace}/nope not found"
-
-
-async def _eq(aw: Any, want: Any) -> bool:
-    return (await aw) == want

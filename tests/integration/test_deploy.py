@@ -29,7 +29,7 @@ from tests.integration.k8s import Kube
 from tests.integration.monitor import monitoring
 from tests.integration.test_jobs import make_job, released_indexes
 from tests.objects import PODS, WORKLOADS
-from tests.polling import eventually, holds_for
+from tests.polling import equals, eventually, holds_for
 from tests.unit.test_deploy_render import (
     CHART,
     CLUSTER_RULES,
@@ -457,19 +457,15 @@ async def release_scenario(kube: Kube, ns: str, user_kubeconfig: Path, config: C
     ):
         await admit(kube, ns, "job-deploy-a", {"main": 2})
         await eventually(
-            lambda: _eq(released_indexes(kube, ns, sel), [0, 1]),
+            lambda: equals(released_indexes(kube, ns, sel), [0, 1]),
             timeout=20,
             what="indexes 0 and 1 released by the controller acting as the chart's user",
         )
-        await holds_for(lambda: _eq(released_indexes(kube, ns, sel), [0, 1]), 1.5)
+        await holds_for(lambda: equals(released_indexes(kube, ns, sel), [0, 1]), 1.5)
         assert ctl.stats.patch_errors == 0
         assert ctl.stats.reconcile_errors == 0
     assert mon.max_seen == 2
     assert not mon.violations, mon.violations
-
-
-async def _eq(aw: Any, want: Any) -> bool:
-    return (await aw) == want
 
 
 async def assert_least_privilege_for_real(

@@ -24,17 +24,13 @@ from tests.integration.conftest import (
 from tests.integration.k8s import Kube
 from tests.integration.monitor import monitoring
 from tests.integration.tcpproxy import kubeconfig_via, proxied
+from tests.integration.test_jobs import count_pods, make_job, released_indexes, scale
 from tests.integration.test_jobs import job_body as _job
-from tests.integration.test_jobs import make_job, released_indexes, scale
 from tests.objects import GATE, PODS, gates_of
 from tests.objects import JOBS as JOBS_RES
-from tests.polling import eventually, holds_for
+from tests.polling import equals, eventually, holds_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
-
-
-async def _eq(aw: Any, want: Any) -> bool:
-    return (await aw) == want
 
 
 async def test_apiserver_killed_and_restarted_mid_scale_up(
@@ -51,9 +47,9 @@ async def test_apiserver_killed_and_restarted_mid_scale_up(
         monitoring(kube, ns, sel, cap=3) as mon,
         running_controller(control_plane.kubeconfig_path, config),
     ):
-        await eventually(lambda: _eq(released_indexes(kube, ns, sel), [0, 1, 2]))
+        await eventually(lambda: equals(released_indexes(kube, ns, sel), [0, 1, 2]))
         await scale(kube, ns, "restart", 6)
-        await eventually(lambda: _count(kube, ns, sel, 6), timeout=30)
+        await eventually(lambda: count_pods(kube, ns, sel, 6), timeout=30)
         await create_workload(
             kube,
             job,
@@ -68,14 +64,11 @@ async def test_apiserver_killed_and_restarted_mid_scale_up(
         mon.cap = 6
         await admit(kube, ns, "job-restart-b", {"main": 6})
         await finish(kube, ns, "job-restart-a")
-        await eventually(lambda: _eq(released_indexes(kube, ns, sel), list(range(6))), timeout=60)
-        await holds_for(lambda: _eq(released_indexes(kube, ns, sel), list(range(6))), 1.0)
+        await eventually(
+            lambda: equals(released_indexes(kube, ns, sel), list(range(6))), timeout=60
+        )
+        await holds_for(lambda: equals(released_indexes(kube, ns, sel), list(range(6))), 1.0)
     assert mon.relists >= 2  # the monitor saw the restart too
-
-
-async def _count(kube: Kube, ns: str, sel: str, n: int) -> bool:
-    pods = [p for p in await kube.list(PODS, ns, sel) if not p["metadata"].get("deletionTimestamp")]
-    return len(pods) == n
 
 
 async def test_watch_connections_cut_every_few_seconds(
@@ -105,7 +98,7 @@ async def test_watch_connections_cut_every_few_seconds(
                 mon.cap = cap
                 await admit(kube, ns, "job-cut-a", {"main": cap})
                 await eventually(
-                    lambda cap=cap: _eq(released_indexes(kube, ns, sel), list(range(cap))),
+                    lambda cap=cap: equals(released_indexes(kube, ns, sel), list(range(cap))),
                     timeout=30,
                     what=f"{cap} released through cuts",
                 )
@@ -158,9 +151,9 @@ async def test_controller_sigkilled_between_patching_and_observing(
             second = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)  # noqa: ASYNC220
         try:
             await eventually(
-                lambda: _eq(released_indexes(kube, ns, sel), list(range(7))), timeout=45
+                lambda: equals(released_indexes(kube, ns, sel), list(range(7))), timeout=45
             )
-            await holds_for(lambda: _eq(released_indexes(kube, ns, sel), list(range(7))), 1.0)
+            await holds_for(lambda: equals(released_indexes(kube, ns, sel), list(range(7))), 1.0)
         finally:
             second.send_signal(signal.SIGTERM)
             await anyio.to_thread.run_sync(lambda: second.wait(timeout=20))
@@ -177,7 +170,7 @@ async def test_second_writer_removing_gates_is_counted_not_doubled(
     await create_workload(kube, job, "job-rogue-a", {"main": 5})
     await admit(kube, ns, "job-rogue-a", {"main": 2})
     async with controller() as ctl:
-        await eventually(lambda: _eq(released_indexes(kube, ns, sel), [0, 1]))
+        await eventually(lambda: equals(released_indexes(kube, ns, sel), [0, 1]))
         pods = {
             int(p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]): p
             for p in await kube.list(PODS, ns, sel)
@@ -198,7 +191,7 @@ async def test_second_writer_removing_gates_is_counted_not_doubled(
         await kube.merge_patch(
             PODS, ns, pods[0]["metadata"]["name"], {"status": {"phase": "Succeeded"}}, "status"
         )
-        await holds_for(lambda: _eq(released_indexes(kube, ns, sel), [1, 4]), 1.5)
+        await holds_for(lambda: equals(released_indexes(kube, ns, sel), [1, 4]), 1.5)
 
 
 class DeleteBeforePatch:
@@ -237,9 +230,9 @@ async def test_pod_deleted_while_being_patched(
         await admit(kube, ns, "job-vanish-a", {"main": 3})
         # index 0 vanished under the patch: the 404 counts nothing, and the cap is filled with
         # the next index instead; the Job controller's replacement for index 0 then waits
-        await eventually(lambda: _eq(released_indexes(kube, ns, sel), [1, 2, 3]), timeout=30)
-        await eventually(lambda: _count(kube, ns, sel, 4), timeout=60, what="index 0 recreated")
-        await holds_for(lambda: _eq(released_indexes(kube, ns, sel), [1, 2, 3]), 1.0)
+        await eventually(lambda: equals(released_indexes(kube, ns, sel), [1, 2, 3]), timeout=30)
+        await eventually(lambda: count_pods(kube, ns, sel, 4), timeout=60, what="index 0 recreated")
+        await holds_for(lambda: equals(released_indexes(kube, ns, sel), [1, 2, 3]), 1.0)
     assert wrappers[0].deleted
     # the Job controller's tracking finalizer keeps the deleted pod terminating for a moment, so
     # the patch may land on it (released, but never counted: it is being deleted) or meet a 404

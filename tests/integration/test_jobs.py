@@ -20,7 +20,7 @@ from tests.integration.conftest import (
 from tests.integration.k8s import Kube
 from tests.integration.monitor import live_released, monitoring
 from tests.objects import GATE, JOBS, PODS, WORKLOADS, gates_of
-from tests.polling import eventually, holds_for
+from tests.polling import equals, eventually, holds_for
 from ungater.kube import Resource
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -57,11 +57,14 @@ def job_body(
 async def make_job(kube: Kube, ns: str, name: str, n: int, **kw: Any) -> tuple[dict[str, Any], str]:
     job = await kube.create(JOBS, ns, job_body(name, n, **kw))
     selector = f"batch.kubernetes.io/controller-uid={job['metadata']['uid']}"
-    await eventually(lambda: _count(kube, ns, selector, n), timeout=30, what=f"{n} pods of {name}")
+    await eventually(
+        lambda: count_pods(kube, ns, selector, n), timeout=30, what=f"{n} pods of {name}"
+    )
     return job, selector
 
 
-async def _count(kube: Kube, ns: str, selector: str, n: int) -> bool:
+async def count_pods(kube: Kube, ns: str, selector: str, n: int) -> bool:
+    """Exactly ``n`` pods of the selector exist that are not being deleted."""
     pods = [
         p for p in await kube.list(PODS, ns, selector) if not p["metadata"].get("deletionTimestamp")
     ]
@@ -89,13 +92,11 @@ async def test_admitted_count_releases_lowest_indexes_only(
     async with monitoring(kube, ns, sel, cap=2) as mon, controller():
         await admit(kube, ns, "job-train-a", {"main": 2})
         await eventually(lambda: released_indexes(kube, ns, sel), what="a release")
-        await eventually(lambda: _eq(released_indexes(kube, ns, sel), [0, 1]), what="indexes 0, 1")
-        await holds_for(lambda: _eq(released_indexes(kube, ns, sel), [0, 1]), 1.5)
+        await eventually(
+            lambda: equals(released_indexes(kube, ns, sel), [0, 1]), what="indexes 0, 1"
+        )
+        await holds_for(lambda: equals(released_indexes(kube, ns, sel), [0, 1]), 1.5)
     assert mon.max_seen == 2
-
-
-async def _eq(aw: Any, want: Any) -> bool:
-    return (await aw) == want
 
 
 async def test_scale_up_through_replacement_slice_then_scale_down(
@@ -106,10 +107,10 @@ async def test_scale_up_through_replacement_slice_then_scale_down(
     await create_workload(kube, job, "job-elastic-a", {"main": 4})
     await admit(kube, ns, "job-elastic-a", {"main": 4})
     async with monitoring(kube, ns, sel, cap=4) as mon, controller():
-        await eventually(lambda: _eq(released_indexes(kube, ns, sel), [0, 1, 2, 3]))
+        await eventually(lambda: equals(released_indexes(kube, ns, sel), [0, 1, 2, 3]))
         # scale-up: the Job controller creates 2 gated pods; Kueue creates a replacement slice
         await scale(kube, ns, "elastic", 6)
-        await eventually(lambda: _count(kube, ns, sel, 6), timeout=30)
+        await eventually(lambda: count_pods(kube, ns, sel, 6), timeout=30)
         await create_workload(
             kube,
             job,
@@ -119,14 +120,14 @@ async def test_scale_up_through_replacement_slice_then_scale_down(
             slice_name="job-elastic-a",
         )
         await holds_for(
-            lambda: _eq(released_indexes(kube, ns, sel), [0, 1, 2, 3]),
+            lambda: equals(released_indexes(kube, ns, sel), [0, 1, 2, 3]),
             1.0,
             what="new pods wait for the new slice's admission",
         )
         mon.cap = 6
         await admit(kube, ns, "job-elastic-b", {"main": 6})
         await finish(kube, ns, "job-elastic-a")
-        await eventually(lambda: _eq(released_indexes(kube, ns, sel), [0, 1, 2, 3, 4, 5]))
+        await eventually(lambda: equals(released_indexes(kube, ns, sel), [0, 1, 2, 3, 4, 5]))
         # scale-down in place: Kueue lowers the spec count; the admitted count still says 6
         wl = await kube.get(WORKLOADS, ns, "job-elastic-b")
         assert wl is not None
@@ -138,10 +139,10 @@ async def test_scale_up_through_replacement_slice_then_scale_down(
         )
         await scale(kube, ns, "elastic", 3)
         await eventually(
-            lambda: _count(kube, ns, sel, 3), timeout=30, what="job controller scale-down"
+            lambda: count_pods(kube, ns, sel, 3), timeout=30, what="job controller scale-down"
         )
         mon.cap = 6  # pods being deleted may linger; the live count must only go down
-        await eventually(lambda: _eq(released_indexes(kube, ns, sel), [0, 1, 2]))
+        await eventually(lambda: equals(released_indexes(kube, ns, sel), [0, 1, 2]))
 
 
 async def test_finished_pod_frees_a_slot_only_within_the_cap(
@@ -152,15 +153,15 @@ async def test_finished_pod_frees_a_slot_only_within_the_cap(
     await create_workload(kube, job, "job-slots-a", {"main": 4})
     await admit(kube, ns, "job-slots-a", {"main": 2})
     async with monitoring(kube, ns, sel, cap=2), controller():
-        await eventually(lambda: _eq(released_indexes(kube, ns, sel), [0, 1]))
+        await eventually(lambda: equals(released_indexes(kube, ns, sel), [0, 1]))
         pods = {index(p): p for p in await kube.list(PODS, ns, sel)}
         await kube.merge_patch(
             PODS, ns, pods[0]["metadata"]["name"], {"status": {"phase": "Succeeded"}}, "status"
         )
         await eventually(
-            lambda: _eq(released_indexes(kube, ns, sel), [1, 2]), what="index 2 takes the slot"
+            lambda: equals(released_indexes(kube, ns, sel), [1, 2]), what="index 2 takes the slot"
         )
-        await holds_for(lambda: _eq(released_indexes(kube, ns, sel), [1, 2]), 1.0)
+        await holds_for(lambda: equals(released_indexes(kube, ns, sel), [1, 2]), 1.0)
 
 
 async def test_only_our_gate_is_removed(kube: Kube, kube_namespace: str, controller: Any) -> None:
@@ -199,7 +200,7 @@ async def test_not_admitted_evicted_or_finished_release_nothing(
     async with controller() as ctl:
         await eventually(lambda: ctl.stats.reconciles >= 3, what="reconciles")
         for sel in (sel_p, sel_e, sel_d, sel_n):
-            await holds_for(lambda sel=sel: _eq(released_indexes(kube, ns, sel), []), 0.5)
+            await holds_for(lambda sel=sel: equals(released_indexes(kube, ns, sel), []), 0.5)
         # QuotaReserved without Admitted (admission checks pending) is not admitted either
         await kube.merge_patch(
             WORKLOADS,
@@ -216,7 +217,7 @@ async def test_not_admitted_evicted_or_finished_release_nothing(
             },
             "status",
         )
-        await holds_for(lambda: _eq(released_indexes(kube, ns, sel_p), []), 1.0)
+        await holds_for(lambda: equals(released_indexes(kube, ns, sel_p), []), 1.0)
     assert not [p for p in ctl.decisions.values() if p.releases]
 
 
@@ -261,7 +262,7 @@ async def test_foreign_pods_with_copied_labels_are_never_released(
     await create_workload(kube, job, "job-victim-a", {"main": 3})
     async with monitoring(kube, ns, sel, cap=3) as mon, controller():
         await admit(kube, ns, "job-victim-a", {"main": 3})
-        await eventually(lambda: _eq(released_indexes(kube, ns, sel), [0]))
+        await eventually(lambda: equals(released_indexes(kube, ns, sel), [0]))
         await holds_for(
             lambda: _gated(kube, ns, "owned-elsewhere"), 1.0, what="foreign pod stays gated"
         )
@@ -316,8 +317,8 @@ async def test_controller_killed_after_patching_restarts_without_exceeding_cap(
         first = await released_indexes(kube, ns, sel)
         assert 1 <= len(first) <= 5
         async with running_controller(control_plane.kubeconfig_path, config):
-            await eventually(lambda: _eq(released_indexes(kube, ns, sel), [0, 1, 2, 3, 4]))
-            await holds_for(lambda: _eq(released_indexes(kube, ns, sel), [0, 1, 2, 3, 4]), 1.0)
+            await eventually(lambda: equals(released_indexes(kube, ns, sel), [0, 1, 2, 3, 4]))
+            await holds_for(lambda: equals(released_indexes(kube, ns, sel), [0, 1, 2, 3, 4]), 1.0)
     assert mon.max_seen == 5
 
 
@@ -338,10 +339,10 @@ async def test_malformed_workloads_are_skipped_and_others_work(
     await create_workload(kube, good, "job-good-a", {"main": 2})
     await admit(kube, ns, "job-good-a", {"main": 1})
     async with controller() as ctl:
-        await eventually(lambda: _eq(released_indexes(kube, ns, sel_g), [0]))
-        await eventually(lambda: _eq(released_indexes(kube, ns, sel3), [0, 1]))
-        await holds_for(lambda: _eq(released_indexes(kube, ns, sel1), []), 0.5)
-        await holds_for(lambda: _eq(released_indexes(kube, ns, sel2), []), 0.5)
+        await eventually(lambda: equals(released_indexes(kube, ns, sel_g), [0]))
+        await eventually(lambda: equals(released_indexes(kube, ns, sel3), [0, 1]))
+        await holds_for(lambda: equals(released_indexes(kube, ns, sel1), []), 0.5)
+        await holds_for(lambda: equals(released_indexes(kube, ns, sel2), []), 0.5)
     reports = {d.active_slice: d for d in ctl.decisions.values()}
     bad1_report = reports["job-bad1-a"].pod_sets[0]
     assert bad1_report.cap == 0 and "missing from status.admission" in bad1_report.problem

@@ -11,8 +11,9 @@ import pytest
 from tests.integration.conftest import admit, create_workload, owner_ref
 from tests.integration.k8s import JOBSETS, RAYCLUSTERS, Kube
 from tests.integration.monitor import live_released, monitoring
+from tests.integration.test_jobs import count_pods
 from tests.objects import GATE, JOBS, PODS, gates_of
-from tests.polling import eventually, holds_for
+from tests.polling import equals, eventually, holds_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -97,7 +98,7 @@ async def test_jobset_pod_sets_have_their_own_caps_and_order(
     js = await make_jobset(kube, ns, "train", {"driver": (1, 1), "workers": (2, 2)})
     sel = f"jobset.sigs.k8s.io/jobset-uid={js['metadata']['uid']}"
     await eventually(
-        lambda: _n(kube, ns, sel, 5), timeout=30, what="5 pods from the Job controller"
+        lambda: count_pods(kube, ns, sel, 5), timeout=30, what="5 pods from the Job controller"
     )
     await create_workload(kube, js, "jobset-train-a", {"driver": 1, "workers": 4})
 
@@ -107,19 +108,11 @@ async def test_jobset_pod_sets_have_their_own_caps_and_order(
     want = [("driver", 0, 0), ("workers", 0, 0), ("workers", 0, 1), ("workers", 1, 0)]
     async with monitoring(kube, ns, sel, cap=4), controller() as ctl:
         await admit(kube, ns, "jobset-train-a", {"driver": 1, "workers": 3})
-        await eventually(lambda: _eq(released(), want), what="driver + 3 workers in index order")
-        await holds_for(lambda: _eq(released(), want), 1.0)
+        await eventually(lambda: equals(released(), want), what="driver + 3 workers in index order")
+        await holds_for(lambda: equals(released(), want), 1.0)
     decision = next(d for d in ctl.decisions.values() if d.active_slice == "jobset-train-a")
     caps = {r.name: r.cap for r in decision.pod_sets}
     assert caps == {"driver": 1, "workers": 3}
-
-
-async def _n(kube: Kube, ns: str, sel: str, n: int) -> bool:
-    return len(await kube.list(PODS, ns, sel)) == n
-
-
-async def _eq(aw: Any, want: Any) -> bool:
-    return (await aw) == want
 
 
 def ray_pod(
@@ -219,7 +212,7 @@ async def test_raycluster_head_first_and_whole_multi_host_replicas(
     want = ["ray-head-x7k2p", "ray-tpu-worker-abcde-0", "ray-tpu-worker-abcde-1"]
     async with monitoring(kube, ns, sel, cap=3), controller():
         await admit(kube, ns, "raycluster-ray-a", {"head": 1, "tpu": 3})  # 3 of 4: one replica fits
-        await eventually(lambda: _eq(released(), want), what="head and one whole replica")
-        await holds_for(lambda: _eq(released(), want), 1.0)
+        await eventually(lambda: equals(released(), want), what="head and one whole replica")
+        await holds_for(lambda: equals(released(), want), 1.0)
         orphan = await kube.get(PODS, ns, "orphan-with-ray-labels")
         assert orphan is not None and GATE in gates_of(orphan)

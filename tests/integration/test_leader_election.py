@@ -21,7 +21,7 @@ from tests.integration.conftest import admit, create_workload
 from tests.integration.k8s import Kube
 from tests.integration.monitor import monitoring
 from tests.integration.test_jobs import make_job, released_indexes
-from tests.polling import eventually
+from tests.polling import equals, eventually
 from ungater.kube import Resource
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -108,7 +108,7 @@ async def test_standby_takes_over_when_the_leader_is_killed(
                 )
                 assert r.get("/healthz")[0] == 200
             await admit(kube, ns, "job-ha-a", {"main": 2})
-            await eventually(lambda: _eq(released_indexes(kube, ns, sel), [0, 1]), timeout=30)
+            await eventually(lambda: equals(released_indexes(kube, ns, sel), [0, 1]), timeout=30)
             assert "ungater_leader 1.0" in leader.get("/metrics")[1]
             metrics = standby.get("/metrics")[1]
             assert "ungater_leader 0.0" in metrics
@@ -123,12 +123,12 @@ async def test_standby_takes_over_when_the_leader_is_killed(
             mon.cap = 5
             await admit(kube, ns, "job-ha-a", {"main": 5})
             await eventually(
-                lambda: _eq(holder(kube, ns), standby.name),
+                lambda: equals(holder(kube, ns), standby.name),
                 timeout=3 * LEASE_S,
                 what="the standby holds the Lease",
             )
             await eventually(
-                lambda: _eq(released_indexes(kube, ns, sel), [0, 1, 2, 3, 4]), timeout=30
+                lambda: equals(released_indexes(kube, ns, sel), [0, 1, 2, 3, 4]), timeout=30
             )
             took = time.monotonic() - killed_at
             assert took < LEASE_S + 6, f"takeover and release took {took:.1f}s"
@@ -138,7 +138,3 @@ async def test_standby_takes_over_when_the_leader_is_killed(
     finally:
         for r in replicas.values():
             await anyio.to_thread.run_sync(lambda r=r: r.stop(signal.SIGKILL, 10))
-
-
-async def _eq(aw: Any, want: Any) -> bool:
-    return (await aw) == want
