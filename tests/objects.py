@@ -24,34 +24,6 @@ def owner_ref(obj: dict[str, Any], controller: bool = True) -> dict[str, Any]:
     }
 
 
-def job(ns: str, name: str, parallelism: int, uid: str | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "name": name,
-        "namespace": ns,
-        "annotations": {"kueue.x-k8s.io/elastic-job": "true"},
-        "labels": {"kueue.x-k8s.io/queue-name": "user-queue"},
-    }
-    if uid:
-        meta["uid"] = uid
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": meta,
-        "spec": {
-            "parallelism": parallelism,
-            "completions": parallelism,
-            "completionMode": "Indexed",
-            "template": {
-                "spec": {
-                    "schedulingGates": [{"name": GATE}],
-                    "restartPolicy": "Never",
-                    "containers": [{"name": "main", "image": "registry.invalid/busy:1"}],
-                }
-            },
-        },
-    }
-
-
 def job_pod(
     owner: dict[str, Any], index: int, gates: list[str] | None = None, phase: str = "Pending"
 ) -> dict[str, Any]:
@@ -164,4 +136,4 @@ def with_phase(pod: dict[str, Any], phase: str) -> dict[str, Any]:
     return out
 
 
-__all__ = ["GATE", "JOBS", "PODS", "WORKLOADS", "gates_of", "job", "job_pod", "ungated", "workload"]
+__all__ = ["GATE", "JOBS", "PODS", "WORKLOADS", "gates_of", "job_pod", "ungated", "workload"]

@@ -13,7 +13,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -426,9 +426,3 @@ def _tune_session(rest_client: Any) -> None:
         read_bufsize=2**21,  # as kubernetes-asyncio sets it: watch events can be large
     )
     old.detach()  # the connector now belongs to the new session
-
-
-def compact(obj: Mapping[str, Any]) -> str:
-    """A short description of an object for log lines."""
-    meta = obj.get("metadata") or {}
-    return f"{obj.get('kind', '?')} {meta.get('namespace', '')}/{meta.get('name', '?')}"
