@@ -20,11 +20,11 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 
-from ungater.kube import EVENTS, ApiError, Resource
+from ungater.kube import EVENTS, ApiError, KubeClient
 from ungater.model import WorkloadView
 
 __all__ = [
@@ -57,21 +57,7 @@ def released_message(n: int, pod_set: str) -> str:
     return f"released {n} pod{'' if n == 1 else 's'} of pod set {pod_set}"
 
 
-class EventClient(Protocol):
-    """The calls the recorder makes (``ungater.kube.ApiClientKube`` has both)."""
-
-    async def create(
-        self, resource: Resource, namespace: str | None, body: dict[str, Any]
-    ) -> dict[str, Any]: ...
-
-    async def merge_patch(
-        self,
-        resource: Resource,
-        namespace: str | None,
-        name: str,
-        body: dict[str, Any],
-        subresource: str = "",
-    ) -> dict[str, Any]: ...
+EventClient = KubeClient  # the calls made here are a subset of the client seam
 
 
 @dataclass(frozen=True, slots=True)

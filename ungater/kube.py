@@ -126,6 +126,17 @@ class KubeClient(Protocol):
         self, resource: Resource, namespace: str | None, body: dict[str, Any]
     ) -> dict[str, Any]: ...
 
+    async def merge_patch(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        body: dict[str, Any],
+        subresource: str = "",
+    ) -> dict[str, Any]:
+        """A JSON merge patch; with ``metadata.resourceVersion`` it is an optimistic lock (409)."""
+        ...
+
     async def served_versions(self, group: str) -> list[str]:
         """The versions of an API group the server serves (empty if the group is unknown)."""
         ...

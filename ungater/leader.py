@@ -22,11 +22,11 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 
-from ungater.kube import ApiError, Resource
+from ungater.kube import ApiError, KubeClient, Resource
 
 __all__ = [
     "LEASES",
@@ -44,25 +44,7 @@ LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
 JITTER = 1.2  # acquire retries wait retry_period * [1, JITTER); renew_deadline must exceed it
 
 
-class LeaseClient(Protocol):
-    """The calls the elector makes (``ungater.kube.ApiClientKube`` has all of them)."""
-
-    async def get(
-        self, resource: Resource, namespace: str | None, name: str
-    ) -> dict[str, Any] | None: ...
-
-    async def create(
-        self, resource: Resource, namespace: str | None, body: dict[str, Any]
-    ) -> dict[str, Any]: ...
-
-    async def merge_patch(
-        self,
-        resource: Resource,
-        namespace: str | None,
-        name: str,
-        body: dict[str, Any],
-        subresource: str = "",
-    ) -> dict[str, Any]: ...
+LeaseClient = KubeClient  # the calls made here are a subset of the client seam
 
 
 def micro_time(dt: datetime) -> str:
