@@ -3,12 +3,15 @@
 A JobSet owns child Jobs and the Jobs own the pods, so ownership can only be proven through the
 child Job: the plugin asks the core to cache Jobs that carry the JobSet name label, and accepts
 a pod only when its controller chain is exactly Job, then this JobSet. Pods are released child
-Job by child Job (``job-index``), and by completion index within one, lowest first.
+Job by child Job (``job-index``), and by completion index within one, lowest first. The
+JobSet's own size per replicatedJob (``replicas x min(parallelism, completions)``, nothing while
+suspended) bounds each pod set, since an owner shrinks before Kueue lowers the slice's count.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ungater.plugin_api import (
     Kind,
@@ -27,6 +30,7 @@ __all__ = [
     "CHILD_JOBS",
     "COMPLETION_INDEX_KEY",
     "JOBSET",
+    "JOBSETS",
     "JOBSET_NAME_LABEL",
     "JOBSET_UID_LABEL",
     "JOB_INDEX_KEY",
@@ -47,6 +51,10 @@ COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 CHILD_JOBS = ResourceSpec(
     group="batch", version="v1", kind="Job", plural="jobs", label_selector=JOBSET_NAME_LABEL
 )
+
+# The JobSet objects themselves, for their size per replicatedJob.
+JOBSETS = ResourceSpec(group="jobset.x-k8s.io", version="v1alpha2", kind="JobSet", plural="jobsets")
+SIZES_FACT = "podsPerReplicatedJob"
 
 _KNOWN = 0  # an index that is present sorts before one that is missing
 _MISSING = 1
@@ -73,8 +81,41 @@ def ungater_kinds() -> Sequence[KindSpec]:
             kind=JOBSET.kind,
             pod_label=JOBSET_UID_LABEL,
             intermediates=(CHILD_JOBS,),
+            owner_resource=JOBSETS,
         )
     ]
+
+
+def _count(value: Any, default: int | None = None) -> int | None:
+    if value is None:
+        return default
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return value if ok else None
+
+
+@hookimpl
+def ungater_owner_facts(owner_object: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = owner_object.get("spec") or {}
+    sizes: dict[str, int] = {}
+    for rjob in spec.get("replicatedJobs") or ():
+        if not isinstance(rjob, Mapping) or not isinstance(rjob.get("name"), str):
+            continue
+        job_spec = ((rjob.get("template") or {}).get("spec")) or {}
+        replicas = _count(rjob.get("replicas"), 1)
+        parallelism = _count(job_spec.get("parallelism"), 1)
+        completions = _count(job_spec.get("completions"), parallelism)
+        if replicas is None or parallelism is None or completions is None:
+            continue
+        sizes[rjob["name"]] = replicas * min(parallelism, completions)
+    return {SIZES_FACT: sizes, "suspend": spec.get("suspend") is True}
+
+
+@hookimpl
+def ungater_desired_counts(owner_facts: Mapping[str, Any]) -> Mapping[str, int] | None:
+    suspended = owner_facts.get("suspend") is True
+    sizes = owner_facts.get(SIZES_FACT) or {}
+    # Kueue names the pod set after the replicatedJob, lowercased
+    return {name.lower(): 0 if suspended else n for name, n in sizes.items()}
 
 
 @hookimpl

@@ -3,7 +3,10 @@
 KubeRay labels pods with the cluster's *name*, not its UID, so the selector alone proves
 nothing: ownership rests on the pod's controller reference pointing at this RayCluster's UID.
 Workers of a group with ``numOfHosts > 1`` form replicas (one TPU slice, say) that are useful
-only complete; each replica is a release group, released whole or not at all.
+only complete; each replica is a release group, released whole or not at all. The cluster's own
+size (head 1, a worker group ``replicas x numOfHosts``, nothing while suspended) bounds each pod
+set: on scale-down KubeRay deletes workers, the released ones first, before Kueue lowers the
+slice's count.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ __all__ = [
     "NODE_TYPE_LABEL",
     "RAYCLUSTER",
     "RAYCLUSTERS",
+    "REPLICAS_FACT",
     "REPLICA_INDEX_LABEL",
     "REPLICA_NAME_LABEL",
+    "SUSPEND_FACT",
 ]
 
 RAYCLUSTER = Kind("ray.io", "RayCluster")
@@ -67,6 +72,8 @@ def _is_head(pod: PodView) -> bool:
 # numOfHosts lives only in the RayCluster spec, so the core watches RayClusters for it.
 RAYCLUSTERS = ResourceSpec(group="ray.io", version="v1", kind="RayCluster", plural="rayclusters")
 HOSTS_FACT = "numOfHosts"  # owner fact: {group name: numOfHosts}
+REPLICAS_FACT = "replicas"  # owner fact: {group name: replicas}
+SUSPEND_FACT = "suspend"
 
 
 @hookimpl
@@ -84,14 +91,51 @@ def ungater_kinds() -> Sequence[KindSpec]:
 @hookimpl
 def ungater_owner_facts(owner_object: Mapping[str, Any]) -> Mapping[str, Any]:
     hosts: dict[str, int] = {}
+    replicas: dict[str, int] = {}
     spec = owner_object.get("spec") or {}
     for group in spec.get("workerGroupSpecs") or ():
-        if not isinstance(group, Mapping):
+        if not isinstance(group, Mapping) or not isinstance(group.get("groupName"), str):
             continue
-        name, n = group.get("groupName"), group.get("numOfHosts", 1)
-        if isinstance(name, str) and isinstance(n, int) and not isinstance(n, bool) and n >= 1:
+        name = group["groupName"]
+        n = group.get("numOfHosts", 1)
+        if _is_count(n) and n >= 1:
             hosts[name] = n
-    return {HOSTS_FACT: hosts}
+        r = _desired_replicas(group)
+        if r is not None:
+            replicas[name] = r
+    return {HOSTS_FACT: hosts, REPLICAS_FACT: replicas, SUSPEND_FACT: spec.get("suspend") is True}
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _desired_replicas(group: Mapping[str, Any]) -> int | None:
+    """The replicas KubeRay keeps for a worker group: 0 when the group is suspended, else
+    ``replicas`` clamped to [minReplicas, maxReplicas] (as the operator does)."""
+    if group.get("suspend") is True:
+        return 0
+    low, high, wanted = group.get("minReplicas", 0), group.get("maxReplicas"), group.get("replicas")
+    if not _is_count(low) or (high is not None and not _is_count(high)):
+        return None
+    if wanted is None or (_is_count(wanted) and wanted < low):
+        return int(low)
+    if not _is_count(wanted):
+        return None
+    return min(wanted, high) if high is not None else int(wanted)
+
+
+@hookimpl
+def ungater_desired_counts(owner_facts: Mapping[str, Any]) -> Mapping[str, int] | None:
+    suspended = owner_facts.get(SUSPEND_FACT) is True
+    counts = {HEAD_POD_SET: 0 if suspended else 1}
+    hosts = owner_facts.get(HOSTS_FACT) or {}
+    for name, replicas in (owner_facts.get(REPLICAS_FACT) or {}).items():
+        n = hosts.get(name, 1)
+        if _is_count(replicas) and _is_count(n):
+            # Kueue names a worker group's pod set after groupName, lowercased
+            counts[name.lower()] = 0 if suspended else replicas * n
+    return counts
 
 
 @hookimpl

@@ -40,6 +40,7 @@ from ungater.model import (
     ADMITTED,
     Kind,
     MalformedObject,
+    ObjectRef,
     ObjectView,
     PodView,
     WorkloadView,
@@ -62,6 +63,10 @@ POD_SET_UPDATE_CONFLICT = "PodSetUpdateConflict"
 
 class StartupError(Exception):
     """The controller cannot start as configured; the message says what to fix."""
+
+
+class _Changed(Exception):
+    """Pods changed under our patches (gone, or our guarded patch refused): retry later."""
 
 
 def workload_resource(version: str) -> Resource:
@@ -88,6 +93,7 @@ class OwnerFacts:
     namespace: str
     uid: str
     facts: dict[str, Any]
+    resource_version: str = ""
 
 
 @dataclass
@@ -135,6 +141,11 @@ class Controller:
         self.ready = anyio.Event()
         self._patch_slots = anyio.Semaphore(config.client.patch_concurrency)
         self._ours: set[str] = set()  # pods we are patching or have patched, to spot others
+        self._foreign_seen: set[str] = set()  # pods already reported released by another
+        # per owner: the newest resourceVersion of one of its pods that ended or went away,
+        # to tell whether the cached owner object may predate the event that freed a slot
+        self._freed_rv: dict[OwnerKey, int] = {}
+        self._owner_rv: dict[str, int] = {}
 
     # -- set-up -----------------------------------------------------------------------------
 
@@ -262,18 +273,31 @@ class Controller:
                 self.stats.plugin_errors += 1
                 log.error("%s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
                 facts = {}
-            return OwnerFacts(str(meta.get("namespace", "")), str(meta.get("uid", "")), facts)
+            return OwnerFacts(
+                str(meta.get("namespace", "")),
+                str(meta.get("uid", "")),
+                facts,
+                str(meta.get("resourceVersion", "")),
+            )
 
         return parse
 
     def _on_owner(self, old: OwnerFacts | None, new: OwnerFacts | None) -> None:
         if new is not None:
-            self.owner_facts[new.uid] = new.facts
+            self._keep_owner(new)
         elif old is not None:
             self.owner_facts.pop(old.uid, None)
+            self._owner_rv.pop(old.uid, None)
         view = new or old
         if view is not None and self.workloads.has_owner(view.uid):
             self.queue.add(OwnerKey(view.namespace, view.uid))
+
+    def _keep_owner(self, view: OwnerFacts) -> None:
+        rv = _rv(view.resource_version)
+        if rv is not None and rv < self._owner_rv.get(view.uid, -1):
+            return  # a fresh read already gave us something newer than this event
+        self.owner_facts[view.uid] = view.facts
+        self._owner_rv[view.uid] = rv if rv is not None else -1
 
     def _on_object(self, old: ObjectView | None, new: ObjectView | None) -> None:
         if new is not None:
@@ -308,7 +332,8 @@ class Controller:
                 return
             settled = new is None or not new.has_gate(gate) or new.terminal or new.deleting
             if settled:
-                self.expectations.observe(pod.uid)
+                # only this kind's own view clears what this kind's reconcile expects
+                self.expectations.observe(pod.uid, rt.kind)
             if (
                 old is not None
                 and new is not None
@@ -317,12 +342,19 @@ class Controller:
                 and pod.uid not in self._ours
             ):
                 self._report_foreign_release(new, gate)
-            if new is None:
-                self._ours.discard(pod.uid)
+            if new is None and not any(pod.uid in k.pods.by_uid for k in self.kinds.values()):
+                self._ours.discard(pod.uid)  # no view holds it any more
+                self._foreign_seen.discard(pod.uid)
             if old is not None and new is not None and not _relevant_change(old, new):
                 return
             ctrl = pod.controller
-            self._enqueue_owners(pod.namespace, ctrl.uid if ctrl else None)
+            keys = self._owners_of(pod.namespace, ctrl.uid if ctrl else None)
+            freed = _released_live(old, gate) and not _released_live(new, gate)
+            rv = _rv(pod.resource_version)
+            for key in keys:
+                if freed and rv is not None:
+                    self._freed_rv[key] = max(rv, self._freed_rv.get(key, 0))
+                self.queue.add(key)
 
         return on_pod
 
@@ -347,21 +379,59 @@ class Controller:
                 self.queue.add_after(key, max(wait, 0.01))
                 return None
             await self._settle_expired(key, rt, expired)
-        selector = rt.handler.pod_selector(owner)
-        pods = rt.pods.select(key.namespace, selector)
-        facts = pod_facts(rt.handler, owner, pods, self.objects, self.owner_facts.get(owner.uid))
-        decision = decide(
-            slices,
-            facts,
-            rt.gate,
-            self.expectations.pending(key),
-            apply_pod_set_updates=self.config.apply_pod_set_updates,
-        )
+        decision = self._decide(key, rt, owner, slices)
+        if decision.releases and self._owner_may_be_stale(key, rt, owner):
+            # a released pod ended after our last view of the owner: the owner may have shrunk
+            # first (scale-down), so refill nothing until a fresh read says how big it is now
+            if not await self._refresh_owner(rt, key.namespace, owner):
+                return None
+            decision = self._decide(key, rt, owner, slices)
         self._report_stuck(key, decision)
         self.decisions[key] = decision
         if decision.releases:
             await self._release(key, rt, owner.name, decision, active_slice(slices))
         return decision
+
+    def _decide(
+        self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef, slices: list[WorkloadView]
+    ) -> Decision:
+        """The pure decision on what the caches hold now for this owner."""
+        owner_facts = self.owner_facts.get(owner.uid)
+        selector = rt.handler.pod_selector(owner)
+        pods = rt.pods.select(key.namespace, selector)
+        facts = pod_facts(rt.handler, owner, pods, self.objects, owner_facts)
+        desired = rt.handler.desired_counts(owner_facts) if owner_facts is not None else None
+        return decide(
+            slices,
+            facts,
+            rt.gate,
+            self.expectations.pending(key),
+            apply_pod_set_updates=self.config.apply_pod_set_updates,
+            desired=desired,
+        )
+
+    def _owner_may_be_stale(self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef) -> bool:
+        freed = self._freed_rv.get(key)
+        if freed is None or rt.handler.spec.owner_resource is None:
+            return False
+        return self._owner_rv.get(owner.uid, -1) < freed
+
+    async def _refresh_owner(self, rt: KindRuntime, namespace: str, owner: ObjectRef) -> bool:
+        """Read the owner from the API server (a quorum read) into the owner facts.
+
+        False when it is gone or is another object now: nothing may be released for it.
+        """
+        spec = rt.handler.spec.owner_resource
+        assert spec is not None
+        res = Resource(spec.group, spec.version, spec.plural, spec.kind)
+        obj = await self.client.get(res, namespace, owner.name)
+        if obj is None or (obj.get("metadata") or {}).get("uid") != owner.uid:
+            return False
+        view = self._owner_parser(rt)(obj)
+        if view is None or _rv(view.resource_version) is None:
+            return False
+        self._keep_owner(view)
+        return True
 
     def _report_stuck(self, key: OwnerKey, decision: Decision) -> None:
         """Warn (log line and rate-limited Event) about pods that cannot be released as is."""
@@ -410,7 +480,7 @@ class Controller:
             except MalformedObject:
                 continue
             if not view.has_gate(rt.gate) and not view.terminal and not view.deleting:
-                self.expectations.expect(key, [uid])
+                self.expectations.expect(key, [uid], rt.kind)
         log.warning("%s: %d expectation(s) expired; settled from the API server", key, len(uids))
 
     async def _release(
@@ -422,7 +492,7 @@ class Controller:
         active: WorkloadView | None,
     ) -> None:
         releases = decision.releases
-        self.expectations.expect(key, [r.pod.uid for r in releases])
+        self.expectations.expect(key, [r.pod.uid for r in releases], rt.kind)
         self._ours.update(r.pod.uid for r in releases)
         outcomes: dict[str, str] = {}
 
@@ -444,7 +514,7 @@ class Controller:
             elif outcome in ("gone", "conflict", "skipped"):
                 self.expectations.observe(r.pod.uid)  # nothing of ours is in flight there
                 self._ours.discard(r.pod.uid)
-                if outcome == "conflict":
+                if outcome == "conflict" and r.pod.uid not in self._foreign_seen:
                     await self._check_foreign_release(r)
                 retry = retry or outcome != "skipped"
             else:
@@ -479,7 +549,9 @@ class Controller:
         if failed:
             raise RuntimeError(f"{failed} patch(es) failed for {key}")
         if retry:
-            self.queue.add(key)
+            # the cache was behind the server: re-decide, but back off per key, so that a
+            # lagging watch cannot turn into a hot loop of refused patches
+            raise _Changed(key)
 
     async def _check_foreign_release(self, r: Release) -> None:
         """Our guarded patch was refused: if the gate is gone, another writer released the pod."""
@@ -491,6 +563,9 @@ class Controller:
             self._report_foreign_release(view, r.gate)
 
     def _report_foreign_release(self, pod: PodView, gate: str) -> None:
+        if pod.uid in self._foreign_seen:
+            return  # once per pod, whichever watch or refused patch shows it again
+        self._foreign_seen.add(pod.uid)
         self.stats.foreign_releases += 1
         if self.metrics is not None:
             self.metrics.observe_foreign_release()
@@ -549,6 +624,9 @@ class Controller:
             try:
                 await self.reconcile(key)
                 self.queue.forget(key)
+            except _Changed:
+                result = "conflict"
+                self.queue.add_rate_limited(key)
             except PluginError as exc:
                 result = "plugin_error"
                 self.stats.plugin_errors += 1
@@ -681,3 +759,13 @@ def _relevant_change(old: PodView, new: PodView) -> bool:
         or old.labels != new.labels
         or old.owner_refs != new.owner_refs
     )
+
+
+def _rv(resource_version: str) -> int | None:
+    """An etcd-backed API server's resourceVersions are increasing integers across all
+    resources; anything else cannot be ordered."""
+    return int(resource_version) if resource_version.isdigit() else None
+
+
+def _released_live(pod: PodView | None, gate: str) -> bool:
+    return pod is not None and not pod.has_gate(gate) and not pod.terminal and not pod.deleting

@@ -6,7 +6,8 @@ pod set, why every other pod waits. The controller does the I/O around it; ``ung
 prints the same explanation.
 
 Rules, in short: only the newest admitted, unfinished, unevicted slice sets the cap; the cap of
-a pod set is min(spec count, admitted count); pods already released (or in flight) use it up;
+a pod set is min(spec count, admitted count, the owner's own desired count when its plugin can
+tell: an owner shrinks before Kueue lowers the slice's count); pods already released (or in flight) use it up;
 the rest is filled in the plugin's order, whole release groups at a time, never with a pod
 being deleted or one whose ownership is not proven.
 """
@@ -14,7 +15,7 @@ being deleted or one whose ownership is not proven.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ungater.model import ADMITTED, EVICTED, FINISHED, PodView, WorkloadView
@@ -82,6 +83,7 @@ class PodSetReport:
     chosen: tuple[str, ...] = ()
     waiting: tuple[Waiting, ...] = ()
     problem: str = ""
+    desired_count: int | None = None  # the owner's own size for this pod set, when known
 
     @property
     def free(self) -> int:
@@ -140,25 +142,38 @@ class _Cap:
     spec: int | None
     admitted: int | None
     problem: str = ""
+    desired: int | None = None
 
 
-def pod_set_caps(wl: WorkloadView) -> dict[str, _Cap]:
-    """Per pod set: min(spec count, admitted count when present). Malformed input caps at 0."""
+def pod_set_caps(wl: WorkloadView, desired: Mapping[str, int] | None = None) -> dict[str, _Cap]:
+    """Per pod set: min(spec count, admitted count when present, the owner's desired count
+    when known). Malformed input caps at 0."""
     assigned = {a.name: a for a in wl.assignments or ()}
     caps: dict[str, _Cap] = {}
     for ps in wl.pod_sets:
         a = assigned.get(ps.name)
         if ps.count is None:
-            caps[ps.name] = _Cap(0, None, a.count if a else None, "spec count missing or invalid")
+            cap = _Cap(0, None, a.count if a else None, "spec count missing or invalid")
         elif a is None:
-            caps[ps.name] = _Cap(0, ps.count, None, "pod set missing from status.admission")
+            cap = _Cap(0, ps.count, None, "pod set missing from status.admission")
         elif a.invalid:
-            caps[ps.name] = _Cap(0, ps.count, None, "admitted count invalid")
+            cap = _Cap(0, ps.count, None, "admitted count invalid")
         elif a.count is None:
-            caps[ps.name] = _Cap(ps.count, ps.count, None)
+            cap = _Cap(ps.count, ps.count, None)
         else:
-            caps[ps.name] = _Cap(min(ps.count, a.count), ps.count, a.count)
+            cap = _Cap(min(ps.count, a.count), ps.count, a.count)
+        size = desired.get(ps.name) if desired is not None else None
+        if size is not None:
+            cap = _Cap(min(cap.cap, size), cap.spec, cap.admitted, cap.problem, size)
+        caps[ps.name] = cap
     return caps
+
+
+def _bound(cap: _Cap) -> str:
+    slice_cap = min((c for c in (cap.spec, cap.admitted) if c is not None), default=0)
+    if cap.desired is not None and cap.desired < slice_cap:
+        return f"; the owner wants {cap.desired} of the {slice_cap} admitted"
+    return ""
 
 
 def _comparable(key: tuple[int | str, ...]) -> tuple[tuple[int, int, str], ...]:
@@ -250,7 +265,7 @@ def _decide_pod_set(
                 continue
         if len(unit) > budget:
             if budget <= 0:
-                stopped = f"cap reached ({cap.cap - budget} of {cap.cap} released)"
+                stopped = f"cap reached ({cap.cap - budget} of {cap.cap} released{_bound(cap)})"
             else:
                 stopped = f"next release group needs {len(unit)} pods, {budget} left under the cap"
             waiting.extend(Waiting(f.pod.name, stopped) for f in unit)
@@ -270,6 +285,7 @@ def _decide_pod_set(
         chosen=tuple(r.pod.name for r in chosen),
         waiting=tuple(waiting),
         problem=cap.problem,
+        desired_count=cap.desired,
     )
     return report, chosen
 
@@ -280,6 +296,7 @@ def decide(
     gate: str,
     in_flight: Iterable[str] = (),
     apply_pod_set_updates: bool = True,
+    desired: Mapping[str, int] | None = None,
 ) -> Decision:
     """Choose the pods to release now.
 
@@ -287,6 +304,8 @@ def decide(
     yet; they count as released. Calling again with the chosen pods added to ``in_flight``
     chooses nothing new. With ``apply_pod_set_updates`` every release carries the active slice's
     admission-check pod set updates the pod still lacks; a pod that cannot take them waits.
+    ``desired`` is the owner's own size per pod set (from its plugin); a pod set it does not
+    name is bounded by the slice alone.
     """
     flying = frozenset(in_flight)
     active = active_slice(slices)
@@ -297,7 +316,7 @@ def decide(
             summary,
             unmapped=tuple(Waiting(f.pod.name, summary) for f in pods if f.pod.has_gate(gate)),
         )
-    caps = pod_set_caps(active)
+    caps = pod_set_caps(active, desired)
     by_set: dict[str, list[PodFacts]] = {name: [] for name in caps}
     unmapped: list[Waiting] = []
     for f in pods:

@@ -88,3 +88,15 @@ def ungater_release_group(
     ``owner_facts`` is what ``ungater_owner_facts`` extracted from the owner object, or an empty
     mapping when the kind has no ``owner_resource`` or the owner is not cached yet.
     """
+
+
+@hookspec(firstresult=True)
+def ungater_desired_counts(owner_facts: Mapping[str, Any]) -> Mapping[str, int] | None:
+    """Return the owner's own desired pod count per pod set, or None when it cannot tell.
+
+    ``owner_facts`` is what ``ungater_owner_facts`` extracted from the owner object (never
+    empty: the hook is not called before the owner is cached). The core caps each named pod
+    set at min(slice spec count, admitted count, this count): an owner shrinks, and its
+    controller deletes pods, before Kueue lowers the slice's count, and the freed slots must
+    not be refilled in between. A pod set left out is bounded by the slice alone.
+    """

@@ -75,6 +75,7 @@ class KindHandler:
         self._sort_key = pm.subset_hook_caller("ungater_sort_key", others)
         self._release_group = pm.subset_hook_caller("ungater_release_group", others)
         self._owner_facts = pm.subset_hook_caller("ungater_owner_facts", others)
+        self._desired_counts = pm.subset_hook_caller("ungater_desired_counts", others)
 
     @property
     def kind(self) -> Kind:
@@ -142,6 +143,21 @@ class KindHandler:
             return {}
         if not isinstance(result, Mapping):
             raise PluginError(self.plugin, "ungater_owner_facts", f"not a mapping: {result!r}")
+        return dict(result)
+
+    def desired_counts(self, owner_facts: Mapping[str, Any]) -> dict[str, int] | None:
+        result = self._call("ungater_desired_counts", self._desired_counts, owner_facts=owner_facts)
+        if result is None:
+            return None
+        if not isinstance(result, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+            for k, v in result.items()
+        ):
+            raise PluginError(
+                self.plugin,
+                "ungater_desired_counts",
+                f"not a map of pod set names to non-negative ints: {result!r}",
+            )
         return dict(result)
 
 

@@ -14,6 +14,7 @@ import ungater_plugins.job as job_plugin
 from tests.fakekube import FakeKube
 from tests.objects import (
     GATE,
+    JOBS,
     PODS,
     WORKLOADS,
     gates_of,
@@ -82,7 +83,9 @@ def setup_job(fake: FakeKube, n: int, name: str = "train") -> dict[str, Any]:
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
+        "spec": {"parallelism": n, "completionMode": "Indexed"},
     }
+    fake.put(JOBS, owner)  # the Job's size bounds its pod set, so it must exist
     for i in reversed(range(n)):  # created out of order: order must come from the index
         fake.put(PODS, job_pod(owner, i))
     return owner
@@ -120,6 +123,7 @@ async def test_scale_up_through_a_replacement_slice() -> None:
     fake.put(WORKLOADS, workload(owner, "train-a", count=4, admitted=4))
     async with running(fake):
         await eventually(lambda: released_indexes(fake) == [0, 1, 2, 3])
+        fake.put(JOBS, {**owner, "spec": {"parallelism": 6, "completionMode": "Indexed"}})
         for i in (4, 5):
             fake.put(PODS, job_pod(owner, i))
         fake.put(

@@ -36,7 +36,8 @@ Rule = tuple[str, str, str, str | None]  # (apiGroup, resource, verb, resourceNa
 CLUSTER_RULES: frozenset[Rule] = frozenset(
     {("", "pods", v, None) for v in ("get", "list", "watch", "patch")}
     | {("kueue.x-k8s.io", "workloads", v, None) for v in ("get", "list", "watch")}
-    | {("batch", "jobs", v, None) for v in ("list", "watch")}
+    | {("batch", "jobs", v, None) for v in ("get", "list", "watch")}
+    | {("jobset.x-k8s.io", "jobsets", v, None) for v in ("get", "list", "watch")}
     | {("ray.io", "rayclusters", v, None) for v in ("get", "list", "watch")}
     | {("", "events", v, None) for v in ("create", "patch")}
 )
@@ -327,7 +328,7 @@ def test_least_privilege_check_catches_what_it_must() -> None:
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
         {"apiGroups": ["*"], "resources": ["workloads"], "verbs": ["get"]},
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["*"]},
-        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get"]},
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["update"]},
     ):
         with pytest.raises(AssertionError):
             assert_least_privilege(with_rule(bad), CLUSTER_RULES)

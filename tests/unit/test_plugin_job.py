@@ -24,7 +24,7 @@ from tests.unit.podfactory import (
 )
 from ungater.decision import Ownership, decide
 from ungater.model import Kind, ObjectRef, WorkloadView, parse_pod, parse_workload
-from ungater.plugin_api import KindSpec
+from ungater.plugin_api import KindSpec, ResourceSpec
 from ungater.registry import KindHandler, PluginRegistry
 
 JOB = Kind("batch", "Job")
@@ -41,7 +41,12 @@ def handler() -> KindHandler:
 
 def test_kinds_declares_job_by_controller_uid_label() -> None:
     assert job_plugin.ungater_kinds() == [
-        KindSpec(group="batch", kind="Job", pod_label="batch.kubernetes.io/controller-uid")
+        KindSpec(
+            group="batch",
+            kind="Job",
+            pod_label="batch.kubernetes.io/controller-uid",
+            owner_resource=ResourceSpec(group="batch", version="v1", kind="Job", plural="jobs"),
+        )
     ]
     assert PluginRegistry.from_modules({"job": job_plugin}).all_kinds() == [JOB]
 
@@ -252,3 +257,23 @@ def test_any_creation_order_releases_exactly_the_lowest_indexes(
         for r in decision.releases
     )
     assert released == list(range(min(cap, n)))
+
+
+def test_desired_count_is_parallelism_bounded_by_remaining_completions() -> None:
+    h = handler()
+
+    def desired(obj: dict[str, Any]) -> dict[str, int] | None:
+        return h.desired_counts(h.owner_facts(obj))
+
+    assert desired(job("train", parallelism=4)) == {"main": 4}
+    done_two = job("train", parallelism=4, completions=5)
+    done_two["status"] = {"succeeded": 2}
+    assert desired(done_two) == {"main": 3}  # only three indexes are left to run
+    done_two["status"] = {"succeeded": 7}
+    assert desired(done_two) == {"main": 0}
+    suspended = job("train", parallelism=4)
+    suspended["spec"]["suspend"] = True
+    assert desired(suspended) == {"main": 0}
+    odd = job("train", parallelism=4)
+    odd["spec"]["parallelism"] = "four"
+    assert desired(odd) is None  # cannot tell: the slice alone bounds the pod set

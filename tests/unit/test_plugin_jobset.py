@@ -49,6 +49,9 @@ def test_kinds_declares_jobset_with_child_jobs_as_intermediates() -> None:
                     label_selector="jobset.sigs.k8s.io/jobset-name",
                 ),
             ),
+            owner_resource=ResourceSpec(
+                group="jobset.x-k8s.io", version="v1alpha2", kind="JobSet", plural="jobsets"
+            ),
         )
     ]
 
@@ -198,3 +201,13 @@ def test_jobset_counts_released_pods_against_the_cap() -> None:
     slices = [parse_workload(workload(js, {"workers": 4}, admitted={"workers": 2}))]
     decision = decide(slices, facts(handler(), js, pods, workers), GATE)
     assert decision.released_names == names([pods[1]])
+
+
+def test_desired_counts_are_replicas_times_pods_per_child_job() -> None:
+    js = jobset("llm", {"Workers": 2, "driver": 1})
+    js["spec"]["replicatedJobs"][0]["template"]["spec"] = {"parallelism": 3, "completions": 3}
+    js["spec"]["replicatedJobs"][1]["template"]["spec"] = {"parallelism": 4, "completions": 2}
+    h = handler()
+    assert h.desired_counts(h.owner_facts(js)) == {"workers": 6, "driver": 2}
+    js["spec"]["suspend"] = True
+    assert h.desired_counts(h.owner_facts(js)) == {"workers": 0, "driver": 0}

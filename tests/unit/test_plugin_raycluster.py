@@ -69,10 +69,25 @@ def test_kinds_declares_raycluster_by_cluster_name_label() -> None:
 
 def test_owner_facts_are_num_of_hosts_per_worker_group() -> None:
     rc = raycluster("rc", {"tpu": (2, 4), "cpu": (3, 1)})
-    assert handler().owner_facts(rc) == {"numOfHosts": {"tpu": 4, "cpu": 1}}
+    assert handler().owner_facts(rc)["numOfHosts"] == {"tpu": 4, "cpu": 1}
     broken = raycluster("rc", {"tpu": (2, 4)})
     broken["spec"]["workerGroupSpecs"][0]["numOfHosts"] = "four"
-    assert handler().owner_facts(broken) == {"numOfHosts": {}}
+    assert handler().owner_facts(broken)["numOfHosts"] == {}
+
+
+def test_desired_counts_follow_kuberay_replicas_clamped_times_hosts() -> None:
+    rc = raycluster("rc", {"TPU": (2, 4), "cpu": (3, 1)})
+    groups = rc["spec"]["workerGroupSpecs"]
+    h = handler()
+    assert h.desired_counts(h.owner_facts(rc)) == {"head": 1, "tpu": 8, "cpu": 3}
+    groups[1].update(minReplicas=5, maxReplicas=9)  # below min: KubeRay keeps min
+    assert h.desired_counts(h.owner_facts(rc))["cpu"] == 5
+    groups[1].update(replicas=12)  # above max: KubeRay keeps max
+    assert h.desired_counts(h.owner_facts(rc))["cpu"] == 9
+    groups[0]["suspend"] = True  # a suspended worker group has no pods
+    assert h.desired_counts(h.owner_facts(rc))["tpu"] == 0
+    rc["spec"]["suspend"] = True  # a suspended cluster has none at all
+    assert h.desired_counts(h.owner_facts(rc)) == {"head": 0, "tpu": 0, "cpu": 0}
 
 
 def test_selector_is_the_cluster_name_and_matches_head_and_workers() -> None:

@@ -8,12 +8,14 @@ and only make sense in groups:
 - a group's leader is created by the leader StatefulSet (named after the LWS, owned by it);
 - its workers by a per-group StatefulSet named after the leader pod and owned *by the leader
   pod*; so a worker's controller chain is StatefulSet, Pod, StatefulSet, LeaderWorkerSet;
-- a group (one leader and ``size - 1`` workers) is released whole or not at all.
+- a group (one leader and ``size - 1`` workers) is released whole or not at all;
+- the LWS's own size (``replicas`` groups of ``size`` pods) bounds its pod sets.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ungater.plugin_api import (
     Kind,
@@ -62,6 +64,9 @@ LEADER_POD_SET = "leader"
 WORKER_POD_SET = "worker"
 SHARED_POD_SET = "main"
 _KUEUE_NAMES = frozenset({LEADER_POD_SET, WORKER_POD_SET, SHARED_POD_SET})
+
+# The LWS objects, for their size (replicas, pods per group, whether there is a leader template).
+LWS_RESOURCE = ResourceSpec(group=LWS.group, version="v1", kind=LWS.kind, plural="leaderworkersets")
 
 _LEADER_CHAIN = (STATEFULSET, LWS)
 _WORKER_CHAIN = (STATEFULSET, POD, STATEFULSET, LWS)
@@ -125,8 +130,42 @@ def _pod_set(pod: PodView) -> str:
 @hookimpl
 def ungater_kinds() -> Sequence[KindSpec]:
     return [
-        KindSpec(group=LWS.group, kind=LWS.kind, pod_label=NAME_LABEL, intermediates=INTERMEDIATES)
+        KindSpec(
+            group=LWS.group,
+            kind=LWS.kind,
+            pod_label=NAME_LABEL,
+            intermediates=INTERMEDIATES,
+            owner_resource=LWS_RESOURCE,
+        )
     ]
+
+
+def _count(value: Any, default: int) -> int | None:
+    if value is None:
+        return default
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+@hookimpl
+def ungater_owner_facts(owner_object: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = owner_object.get("spec") or {}
+    template = spec.get("leaderWorkerTemplate") or {}
+    return {
+        "replicas": _count(spec.get("replicas"), 1),
+        "size": _count(template.get("size"), 1),
+        "leaderTemplate": bool(template.get("leaderTemplate")),
+    }
+
+
+@hookimpl
+def ungater_desired_counts(owner_facts: Mapping[str, Any]) -> Mapping[str, int] | None:
+    replicas, size = owner_facts.get("replicas"), owner_facts.get("size")
+    if not isinstance(replicas, int) or not isinstance(size, int) or size < 1:
+        return None
+    # An upper bound whether Kueue makes one Workload per group or one for the whole LWS.
+    if owner_facts.get("leaderTemplate"):
+        return {LEADER_POD_SET: replicas, WORKER_POD_SET: replicas * (size - 1)}
+    return {SHARED_POD_SET: replicas * size}
 
 
 @hookimpl
