@@ -82,6 +82,7 @@ async def explain(
         pod_facts(handler, owner, pods, objects, owner_facts),
         gate,
         apply_pod_set_updates=config.apply_pod_set_updates,
+        desired=handler.desired_counts(owner_facts) if owner_facts else None,
     )
     notes = []
     if config.require_elastic_annotation and not target.elastic:
@@ -131,6 +132,7 @@ def _as_dict(
                 "name": r.name,
                 "specCount": r.spec_count,
                 "admittedCount": r.admitted_count,
+                "ownerCount": r.desired_count,
                 "cap": r.cap,
                 "liveUngated": r.live_ungated,
                 "inFlight": r.in_flight,
@@ -160,8 +162,8 @@ def render_text(report: dict[str, Any]) -> str:
     for ps in report["podSets"]:
         out.append(
             f"pod set {ps['name']}: cap {ps['cap']} (spec {ps['specCount']}, admitted "
-            f"{ps['admittedCount']}), released {ps['liveUngated']}, in flight {ps['inFlight']}, "
-            f"gated {ps['gated']}"
+            f"{ps['admittedCount']}, owner {_unknown(ps['ownerCount'])}), released "
+            f"{ps['liveUngated']}, in flight {ps['inFlight']}, gated {ps['gated']}"
         )
         if ps["problem"]:
             out.append(f"  problem: {ps['problem']}")
@@ -174,3 +176,7 @@ def render_text(report: dict[str, Any]) -> str:
     for note in report["notes"]:
         out.append(f"note: {note}")
     return "\n".join(out)
+
+
+def _unknown(value: int | None) -> str:
+    return "unknown" if value is None else str(value)

@@ -84,7 +84,7 @@ async def test_run_releases_and_exits_zero_on_sigterm(
         )
     )
     assert explain.returncode == 0, explain.stderr
-    assert "pod set main: cap 2 (spec 3, admitted 2), released 2" in explain.stdout
+    assert "pod set main: cap 2 (spec 3, admitted 2, owner 3), released 2" in explain.stdout
     assert "cap reached (2 of 2 released)" in explain.stdout
     assert "* job-cli-a" in explain.stdout  # the active slice is marked
 

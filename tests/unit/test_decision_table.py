@@ -848,3 +848,28 @@ def test_cap_reached_reason_counts_this_decisions_releases() -> None:
     assert d.released_names == ["p0", "p1"]
     (w,) = d.pod_sets[0].waiting
     assert w.reason == "cap reached (3 of 3 released)"
+
+
+# -- the owner's own size ---------------------------------------------------------------------
+
+
+def test_owner_size_below_the_slice_caps_the_pod_set_and_says_so() -> None:
+    """Scale-down: the owner shrank to 2, Kueue has not lowered the slice's 4 yet."""
+    released = [facts(f"r{i}", created=i, gates=(), phase="Running") for i in range(2)]
+    d = decide([wl_view(pod_sets={"main": 4})], [*released, *_gated(2)], GATE, desired={"main": 2})
+    assert d.released_names == []
+    (report,) = d.pod_sets
+    assert (report.cap, report.desired_count, report.spec_count) == (2, 2, 4)
+    assert all("the owner wants 2 of the 4 admitted" in w.reason for w in report.waiting)
+
+
+def test_owner_size_above_the_slice_or_unnamed_changes_nothing() -> None:
+    slices = [wl_view(pod_sets={"main": 2, "other": 1})]
+    pods = _gated(3)
+    d = decide(slices, pods, GATE, desired={"main": 5})
+    assert d.released_names == ["p0", "p1"]  # the slice's 2, not the owner's 5
+    assert {r.name: (r.cap, r.desired_count) for r in d.pod_sets} == {
+        "main": (2, 5),
+        "other": (1, None),  # not named by the plugin: the slice alone bounds it
+    }
+    assert decide(slices, pods, GATE, desired={"main": 0}).released_names == []

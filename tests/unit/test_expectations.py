@@ -139,3 +139,23 @@ def test_forget_key_does_not_break_another_keys_expectation(exp: Expectations) -
     exp.forget_key("a")
     assert exp.observe("u") == "b"
     assert exp.pending("b") == frozenset()
+
+
+def test_only_the_deciding_view_clears_an_expectation(exp: Expectations) -> None:
+    """A pod in two kinds' watches: the faster watch must not clear what the other waits for."""
+    exp.expect("jobset-owner", ["u1"], view="JobSet")
+    assert exp.observe("u1", view="Job") is None  # another index shows it first: keep waiting
+    assert exp.pending("jobset-owner") == {"u1"}
+    assert exp.observe("u1", view="JobSet") == "jobset-owner"
+    assert exp.pending("jobset-owner") == frozenset()
+
+
+def test_our_own_request_outcome_clears_whatever_the_view(exp: Expectations) -> None:
+    exp.expect("k", ["u1"], view="JobSet")
+    assert exp.observe("u1") == "k"  # a refused or 404 patch: nothing of ours is in flight
+    exp.expect("k", ["u2"])  # recorded for any view: the first event clears it
+    assert exp.observe("u2", view="Job") == "k"
+    exp.expect("k", ["u3"], view="JobSet")
+    exp.forget_key("k")
+    exp.expect("k2", ["u3"])  # the view is not remembered across a forgotten key
+    assert exp.observe("u3", view="Job") == "k2"

@@ -1,0 +1,225 @@
+"""The controller never decides on a view older than its own write, nor on a stale owner size.
+
+Each test holds back one watch stream (its events keep their order, as a real stream's do,
+but arrive late) to open exactly the window a real cluster opens now and then: a JobSet's pods
+seen first through the Job kind's pod watch, a Job's shrink seen after the pod deletions it
+caused, a foreign release the pod watch has not shown yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+import ungater_plugins.job as job_plugin
+import ungater_plugins.jobset as jobset_plugin
+
+from tests.fakekube import FakeKube
+from tests.objects import JOBS, WORKLOADS
+from tests.polling import eventually, holds_for
+from tests.unit.podfactory import (
+    GATE,
+    NAMESPACE,
+    job,
+    job_pod,
+    jobset,
+    jobset_child_job,
+    release,
+    workload,
+)
+from ungater.config import Config
+from ungater.controller import Controller
+from ungater.kube import PODS, Resource
+from ungater.registry import PluginRegistry
+
+JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Lagging:
+    """A client whose chosen watch streams are held back until released (order kept)."""
+
+    def __init__(self, inner: FakeKube) -> None:
+        self.inner = inner
+        self.holds: dict[tuple[str, str], anyio.Event] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def hold(self, plural: str, selector_part: str = "") -> anyio.Event:
+        """Hold the watches of ``plural`` whose label selector contains ``selector_part``;
+        set the returned event to let their events flow again."""
+        gate = anyio.Event()
+        self.holds[(plural, selector_part)] = gate
+        return gate
+
+    async def watch(
+        self, resource: Resource, namespace: str | None, resource_version: str, *a: Any, **kw: Any
+    ) -> AsyncIterator[dict[str, Any]]:
+        selector = str(kw.get("label_selector", a[0] if a else ""))
+        stream = self.inner.watch(resource, namespace, resource_version, *a, **kw)
+        async with aclosing(stream):  # type: ignore[type-var]
+            async for event in stream:
+                for (plural, part), gate in list(self.holds.items()):
+                    if plural == resource.plural and part in selector:
+                        await gate.wait()
+                yield event
+
+
+def config(*kinds: tuple[str, str]) -> Config:
+    return Config.model_validate(
+        {
+            "kinds": [{"group": g, "kind": k} for g, k in kinds],
+            "expectationsTimeoutSeconds": 30.0,
+            "watch": {"backoffInitialSeconds": 0.01, "backoffMaxSeconds": 0.05},
+        }
+    )
+
+
+@asynccontextmanager
+async def running(client: Any, cfg: Config) -> AsyncIterator[Controller]:
+    registry = PluginRegistry.from_modules({"job": job_plugin, "jobset": jobset_plugin})
+    ctl = Controller(cfg, client, registry)
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ctl.run, stop)
+        with anyio.fail_after(5):
+            await ctl.ready.wait()
+        try:
+            yield ctl
+        finally:
+            stop.set()
+
+
+def live_released(fake: FakeKube) -> list[str]:
+    return sorted(
+        p["metadata"]["name"]
+        for p in fake.items(PODS, NAMESPACE)
+        if GATE not in [g["name"] for g in p["spec"].get("schedulingGates") or []]
+        and p["status"]["phase"] not in ("Succeeded", "Failed")
+        and not p["metadata"].get("deletionTimestamp")
+    )
+
+
+def pod_patches(fake: FakeKube) -> int:
+    return len(fake.patches)
+
+
+@pytest.mark.anyio
+async def test_jobset_pod_seen_first_through_the_job_watch_is_not_released_twice() -> None:
+    """The Job kind's pod watch (every Job's pods carry the controller-uid label) shows our
+    release of a JobSet's pod before the JobSet kind's watch does. That early view must not
+    clear what the JobSet reconcile is waiting for, or the JobSet reconcile re-decides on its
+    stale view: a second patch of the same pod, refused and reported as a foreign release, or
+    worse, another pod released beyond the cap."""
+    fake = FakeKube()
+    client = Lagging(fake)
+    js = fake.put(JOBSETS, jobset("llm", {"workers": 1}))
+    js["spec"]["replicatedJobs"][0]["template"]["spec"] = {"parallelism": 6, "completions": 6}
+    js = fake.put(JOBSETS, js)
+    child = fake.put(JOBS, jobset_child_job(js, "workers", 0, parallelism=6))
+    for i in (0, 5):
+        fake.put(PODS, job_pod(child, index=i, created=1 + i))
+    held = client.hold("pods", jobset_plugin.JOBSET_UID_LABEL)
+    async with running(client, config(("batch", "Job"), ("jobset.x-k8s.io", "JobSet"))) as ctl:
+        fake.put(WORKLOADS, workload(js, {"workers": 6}, admitted={"workers": 1}))
+        await eventually(lambda: pod_patches(fake) == 1, what="the first release")
+        # the Job watch shows the release at once; the JobSet watch holds it back
+        await holds_for(lambda: pod_patches(fake) == 1, 0.5, what="no re-patch of a stale view")
+        assert len(live_released(fake)) == 1
+        assert ctl.stats.foreign_releases == 0
+        held.set()
+        await holds_for(lambda: len(live_released(fake)) == 1, 0.3, what="cap 1 once caught up")
+        assert pod_patches(fake) == 1
+        assert ctl.stats.foreign_releases == 0
+
+
+def shrinking_job(fake: FakeKube) -> dict[str, Any]:
+    """An Indexed Job at parallelism 5 with 3 admitted: pods 0-2 released, 3 and 4 gated."""
+    j = fake.put(JOBS, job("train", parallelism=5, completions=5))
+    for i in range(5):
+        pod = job_pod(j, index=i, created=1 + i)
+        fake.put(PODS, release(pod) if i < 3 else pod)
+    fake.put(WORKLOADS, workload(j, {"main": 5}, admitted={"main": 3}))
+    return j
+
+
+def pod_name(fake: FakeKube, index: int) -> str:
+    return next(
+        p["metadata"]["name"]
+        for p in fake.items(PODS, NAMESPACE)
+        if p["metadata"]["annotations"].get("batch.kubernetes.io/job-completion-index")
+        == str(index)
+    )
+
+
+@pytest.mark.anyio
+async def test_scale_down_does_not_refill_slots_the_owner_gave_up() -> None:
+    """The Job shrinks 5 -> 2 and its controller deletes released pods one at a time before
+    Kueue lowers the slice's count: the freed slots must not be refilled beyond the Job's
+    own size."""
+    fake = FakeKube()
+    j = shrinking_job(fake)
+    async with running(fake, config(("batch", "Job"))):
+        await holds_for(lambda: len(live_released(fake)) == 3, 0.2, what="cap 3 reached")
+        fake.put(JOBS, {**j, "spec": {**j["spec"], "parallelism": 2}})
+        fake.delete(PODS, NAMESPACE, pod_name(fake, 0))  # the Job controller's first victim
+        await holds_for(
+            lambda: len(live_released(fake)) <= 2, 0.5, what="never more than the Job's 2"
+        )
+
+
+@pytest.mark.anyio
+async def test_slot_freed_after_the_cached_owner_is_refilled_only_after_a_fresh_read() -> None:
+    """As above, but the Job watch lags: the deletion arrives while the cache still holds the
+    Job at parallelism 5. The controller reads the Job before refilling and releases nothing
+    beyond its new size; once the Job's own watch catches up nothing changes either."""
+    fake = FakeKube()
+    client = Lagging(fake)
+    j = shrinking_job(fake)
+    async with running(client, config(("batch", "Job"))):
+        await holds_for(lambda: len(live_released(fake)) == 3, 0.2, what="cap 3 reached")
+        held = client.hold("jobs")
+        fake.put(JOBS, {**j, "spec": {**j["spec"], "parallelism": 2}})
+        fake.delete(PODS, NAMESPACE, pod_name(fake, 0))
+        await holds_for(lambda: len(live_released(fake)) <= 2, 0.5, what="fresh owner read")
+        held.set()
+        await holds_for(lambda: len(live_released(fake)) <= 2, 0.2, what="after the watch")
+        # the Job grows back while the slot is still free: the freed slot is refilled
+        fake.put(JOBS, {**j, "spec": {**j["spec"], "parallelism": 5}})
+        await eventually(lambda: len(live_released(fake)) == 3, what="refilled to cap 3")
+
+
+@pytest.mark.anyio
+async def test_a_refused_patch_backs_off_and_counts_one_foreign_release() -> None:
+    """Another writer removed our gate, and our pod watch has not shown it yet: every guarded
+    patch is refused. The controller must back off per key (not re-patch in a hot loop) and
+    count the foreign release once."""
+    fake = FakeKube()
+    client = Lagging(fake)
+    j = fake.put(JOBS, job("train", parallelism=2, completions=2))
+    pods = [fake.put(PODS, job_pod(j, index=i, created=1 + i)) for i in range(2)]
+    held = client.hold("pods")  # the pod watch shows nothing from here on
+
+    def rogue(namespace: str, name: str) -> None:
+        if name == pods[0]["metadata"]["name"] and GATE in str(fake.read(PODS, namespace, name)):
+            fake.put(PODS, release(fake.read(PODS, namespace, name) or {}))
+
+    fake.before_patch = rogue
+    async with running(client, config(("batch", "Job"))) as ctl:
+        fake.put(WORKLOADS, workload(j, {"main": 2}, admitted={"main": 1}))
+        await anyio.sleep(1.0)
+        refused = pod_patches(fake)
+        assert ctl.stats.patch_conflicts >= 2, "the refused patch is retried"
+        assert ctl.stats.patch_conflicts <= 8, f"{ctl.stats.patch_conflicts} retries in 1 s"
+        assert ctl.stats.foreign_releases == 1
+        assert refused == 0  # refused patches are not applied
+        assert len(live_released(fake)) == 1  # the rogue's release alone: cap 1 holds
+        held.set()
