@@ -1,6 +1,7 @@
 """Command line of the local control plane: ``python -m ungater.devcluster build|up|down``.
 
-``build`` compiles (or reuses) the binaries and fetches the CRDs, printing what it did and how
+``build`` compiles (or reuses) the control plane's and the peer controllers' binaries and
+fetches the CRDs, printing what it did and how
 long it took; ``up``/``down`` start and stop a detached dev cluster for manual work.
 """
 
@@ -26,7 +27,6 @@ def _build(args: argparse.Namespace) -> int:
     except build.ControlPlaneUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    elapsed = time.monotonic() - started
     action = "reused" if before is not None else "built"
     versions = f"Kubernetes {bins.kubernetes_version} / etcd {bins.etcd_version}"
     print(f"{action} {versions} in {bins.bin_dir}")
@@ -37,6 +37,22 @@ def _build(args: argparse.Namespace) -> int:
         recorded = ", ".join(f"{k} {v}s" for k, v in stamp["seconds"].items())
         print(f"  recorded build timings: {recorded} (go {stamp.get('go', '?')})")
     print(f"{len(crds)} CRD manifests in the Go module cache")
+    if not args.no_peers:
+        from ungater.devcluster import peerbuild
+
+        try:
+            peers = peerbuild.ensure_peers(build=not args.no_build, log=say)
+        except peerbuild.PeersUnavailable as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        for peer in peers.values():
+            stamp = peerbuild.read_peer_stamp(peer.peer) or {}
+            print(
+                f"  {peer.path.name:<24} {peer.path.stat().st_size / 2**20:7.1f} MiB"
+                f"  {peer.peer.module}@{peer.peer.version}"
+                f" (built in {stamp.get('seconds', '?')}s)"
+            )
+    elapsed = time.monotonic() - started
     print(f"done in {elapsed:.1f}s")
     return 0
 
@@ -62,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     p_build = sub.add_parser("build", help="build or reuse the binaries, fetch the CRDs")
     p_build.add_argument(
         "--no-build", action="store_true", help="only report; fail if nothing is cached"
+    )
+    p_build.add_argument(
+        "--no-peers",
+        action="store_true",
+        help="leave out Kueue, the KubeRay operator and the JobSet controller",
     )
     p_build.set_defaults(func=_build)
     for name, func, text in (

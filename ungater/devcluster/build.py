@@ -198,6 +198,78 @@ def _run_go(args: list[str], *, cwd: Path, log_file: Path | None = None) -> str:
     return proc.stdout
 
 
+_HEARTBEAT_S = 30.0
+
+
+def run_go_with_progress(
+    cmd: list[str],
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    log_file: Path,
+    what: str,
+    log: Log,
+    error: type[Exception] = ControlPlaneUnavailable,
+    timeout: float = _GO_STEP_TIMEOUT_S,
+    heartbeat: float = _HEARTBEAT_S,
+) -> None:
+    """Run a long ``go build -v`` with its output in ``log_file``, saying every ``heartbeat``
+    seconds how long it has run and how many packages it has compiled (``-v`` prints one line
+    per package), so a cold build of many minutes is never silent."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    with log_file.open("a") as out:
+        out.write(f"\n$ (cd {cwd} && {' '.join(cmd)})\n")
+        out.flush()
+        start_offset = out.tell()
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+        )
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=heartbeat)
+                    break
+                except subprocess.TimeoutExpired:
+                    elapsed = time.monotonic() - started
+                    if elapsed > timeout:
+                        proc.kill()
+                        proc.wait(timeout=10)
+                        raise error(
+                            f"`{' '.join(cmd)}` did not finish within {timeout:.0f}s"
+                        ) from None
+                    done, last = _compiled_since(log_file, start_offset)
+                    log(
+                        f"  ... {what}: {_minutes(elapsed)} elapsed, {done} packages compiled"
+                        + (f" (last: {last})" if last else "")
+                    )
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    if proc.returncode != 0:
+        raise error(
+            f"`{' '.join(cmd)}` failed with exit code {proc.returncode} (log: {log_file}):\n"
+            f"{_tail(log_file)}"
+        )
+
+
+def _compiled_since(log_file: Path, offset: int) -> tuple[int, str]:
+    try:
+        with log_file.open("rb") as handle:
+            handle.seek(offset)
+            lines = [ln for ln in handle.read().decode(errors="replace").splitlines() if ln]
+    except OSError:
+        return 0, ""
+    packages = [ln for ln in lines if " " not in ln.strip()]
+    return len(packages), (packages[-1].strip() if packages else "")
+
+
+def _minutes(seconds: float) -> str:
+    whole = int(seconds)
+    return f"{whole // 60}m{whole % 60:02d}s"
+
+
 def _tail(path: Path, lines: int = 40) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -350,26 +422,27 @@ def _kubernetes_ldflags(version: str, build_date: str) -> str:
     return " ".join(flags)
 
 
-def _go_build(src: Path, package: str, out: Path, ldflags: str, log_file: Path) -> None:
+def _go_build(
+    src: Path, package: str, out: Path, ldflags: str, log_file: Path, log: Log = _noop_log
+) -> None:
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.unlink(missing_ok=True)
-    _run_go(
-        [
-            "build",
-            "-p",
-            "2",
-            "-trimpath",
-            "-tags",
-            _BUILD_TAGS,
-            "-ldflags",
-            ldflags,
-            "-o",
-            str(tmp),
-            package,
-        ],
-        cwd=src,
-        log_file=log_file,
-    )
+    cmd = [
+        _go_executable(),
+        "build",
+        "-v",
+        "-p",
+        "2",
+        "-trimpath",
+        "-tags",
+        _BUILD_TAGS,
+        "-ldflags",
+        ldflags,
+        "-o",
+        str(tmp),
+        package,
+    ]
+    run_go_with_progress(cmd, cwd=src, env=_go_env(), log_file=log_file, what=out.name, log=log)
     os.replace(tmp, out)
 
 
@@ -409,7 +482,7 @@ def _build_all(directory: Path, log: Log) -> dict[str, Any]:
     ):
         step = time.monotonic()
         log(f"go build {name} {versions.KUBERNETES_VERSION} ...")
-        _go_build(k8s_src, f"{versions.KUBERNETES_MODULE}/cmd/{name}", out, ldflags, log_file)
+        _go_build(k8s_src, f"{versions.KUBERNETES_MODULE}/cmd/{name}", out, ldflags, log_file, log)
         timings[name] = round(time.monotonic() - step, 1)
         log(f"  built {out} in {timings[name]}s")
 
@@ -434,7 +507,7 @@ def _build_all(directory: Path, log: Log) -> dict[str, Any]:
     )
     log(f"go build etcd {versions.ETCD_VERSION} ...")
     etcd_ldflags = f"-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=module-{versions.ETCD_VERSION}"
-    _go_build(etcd_src, versions.ETCD_MODULE, bins.etcd, etcd_ldflags, log_file)
+    _go_build(etcd_src, versions.ETCD_MODULE, bins.etcd, etcd_ldflags, log_file, log)
     timings["etcd"] = round(time.monotonic() - step, 1)
     log(f"  built {bins.etcd} in {timings['etcd']}s")
     timings["total"] = round(time.monotonic() - started, 1)

@@ -28,7 +28,9 @@ __all__ = [
     "KUBERNETES_MODULE",
     "KUBERNETES_VERSION",
     "KUEUE_VERSION",
+    "PEERS",
     "CrdModule",
+    "Peer",
 ]
 
 KUBERNETES_MODULE = "k8s.io/kubernetes"
@@ -66,5 +68,52 @@ CRD_MODULES: tuple[CrdModule, ...] = (
         module="github.com/ray-project/kuberay/ray-operator",
         version=KUBERAY_VERSION,
         paths=("config/crd/bases/ray.io_rayclusters.yaml",),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A controller the tests run beside the control plane, built from its Go module.
+
+    It is built as the main module from a copy of the downloaded module (the way its own
+    Dockerfile builds it), so its own ``go.mod`` and ``go.sum`` decide every dependency.
+    """
+
+    name: str  # short name: cache directory, binary and process name
+    module: str
+    version: str
+    package: str  # the main package, relative to the module root
+    binary: str
+    version_ldflags: tuple[str, ...]  # `-X` assignments; {version} and {date} are filled in
+
+
+PEERS: tuple[Peer, ...] = (
+    Peer(
+        name="kueue",
+        module="sigs.k8s.io/kueue",
+        version=KUEUE_VERSION,
+        package="./cmd/kueue",
+        binary="kueue-manager",
+        version_ldflags=(
+            "sigs.k8s.io/kueue/pkg/version.GitVersion={version}",
+            "sigs.k8s.io/kueue/pkg/version.BuildDate={date}",
+        ),
+    ),
+    Peer(
+        name="kuberay",
+        module="github.com/ray-project/kuberay/ray-operator",
+        version=KUBERAY_VERSION,
+        package=".",
+        binary="kuberay-operator",
+        version_ldflags=(),
+    ),
+    Peer(
+        name="jobset",
+        module="sigs.k8s.io/jobset",
+        version=JOBSET_VERSION,
+        package=".",
+        binary="jobset-manager",
+        version_ldflags=("sigs.k8s.io/jobset/pkg/version.GitVersion={version}",),
     ),
 )
