@@ -12,36 +12,32 @@ import logging
 import os
 import socket
 import uuid
-from pathlib import Path
 
 import anyio
 
 from ungater.config import Config
 from ungater.controller import Controller
 from ungater.events import EventRecorder
-from ungater.kube import ApiClientKube
+from ungater.kube import ApiClientKube, KubeClient
 from ungater.leader import LeaderElector
 from ungater.metrics import Metrics
 from ungater.registry import PluginRegistry
 from ungater.server import HealthServer
 
-__all__ = ["lease_identity", "lease_namespace", "serve"]
+__all__ = ["build_elector", "lease_identity", "lease_name", "lease_namespace", "serve"]
 
 log = logging.getLogger(__name__)
-SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 def lease_namespace(config: Config) -> str:
-    """The Lease's namespace: configured, else the pod's, else the service account's, else
-    ``default`` (a controller run from a laptop)."""
-    if config.leader_election.namespace:
-        return config.leader_election.namespace
-    if os.environ.get("POD_NAMESPACE"):
-        return os.environ["POD_NAMESPACE"]
-    try:
-        return SA_NAMESPACE.read_text().strip() or "default"
-    except OSError:
-        return "default"
+    """The Lease's namespace: configured, else ``kube-system``. Deliberately not the pod's or
+    the service account's: a laptop and the in-cluster Deployment must meet on one Lease."""
+    return config.lease_namespace
+
+
+def lease_name(config: Config) -> str:
+    """The Lease's name: configured, else derived from the gates served."""
+    return config.lease_name
 
 
 def lease_identity(config: Config) -> str:
@@ -49,6 +45,22 @@ def lease_identity(config: Config) -> str:
     if config.leader_election.identity:
         return config.leader_election.identity
     return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
+def build_elector(config: Config, client: KubeClient, identity: str) -> LeaderElector | None:
+    """The elector ``serve`` runs, or None with leader election off."""
+    le = config.leader_election
+    if not le.enabled:
+        return None
+    return LeaderElector(
+        client,
+        lease_namespace(config),
+        lease_name(config),
+        identity,
+        le.lease_duration_seconds,
+        le.renew_deadline_seconds,
+        le.retry_period_seconds,
+    )
 
 
 async def serve(
@@ -78,22 +90,10 @@ async def serve(
     )
     controller = Controller(config, client, registry, metrics=metrics, events=events)
     metrics.bind(controller)
-    le = config.leader_election
-    elector = None
-    if le.enabled:
-        elector = LeaderElector(
-            client,
-            lease_namespace(config),
-            le.lease_name,
-            identity,
-            le.lease_duration_seconds,
-            le.renew_deadline_seconds,
-            le.retry_period_seconds,
-        )
+    elector = build_elector(config, client, identity)
+    if elector is not None:
         metrics.bind_leader(lambda: elector.is_leader)
-        log.info(
-            "leader election on: Lease %s/%s as %s", elector.namespace, le.lease_name, identity
-        )
+        log.info("leader election on: Lease %s/%s as %s", elector.namespace, elector.name, identity)
     else:
         metrics.leader.set(1)
     await controller.start()

@@ -13,13 +13,17 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import yaml
 
 from ungater import __version__
 from ungater.config import Config, ConfigError, load_config
+
+if TYPE_CHECKING:
+    from ungater.kinds import KindResolution
+    from ungater.registry import PluginRegistry
 
 __all__ = ["main"]
 
@@ -57,7 +61,10 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="act without a Lease (one replica only: two would both release)",
     )
-    check = sub.add_parser("check-config", help="validate a config file, print the effective one")
+    check = sub.add_parser(
+        "check-config",
+        help="validate a config file as `run` would (exit 2 if it would refuse it), print it",
+    )
     check.add_argument("file", type=Path)
     plugins = sub.add_parser("plugins", help="list installed plugins and the kinds they serve")
     plugins.add_argument("--json", action="store_true")
@@ -81,9 +88,47 @@ def _load(path: Path | None) -> Config:
         raise CliError(str(exc), code=2) from exc
 
 
+def _resolve(config: Config) -> tuple[PluginRegistry, KindResolution]:
+    """The installed plugins and the kinds they serve as configured, or exit 2 with what
+    ``run`` would refuse at start-up: ``run`` and ``check-config`` both call this, and the
+    controller calls the same pure ``resolve_kinds``."""
+    from ungater.kinds import StartupError, resolve_kinds
+    from ungater.registry import PluginRegistry
+
+    registry = PluginRegistry.discover(config.plugins.allow)
+    try:
+        return registry, resolve_kinds(config, registry)
+    except StartupError as exc:
+        raise CliError(str(exc), code=2) from exc
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
+    """Refuse (exit 2) what ``run`` would refuse before touching the cluster, with the same
+    message: the file (``load_config``) and the kinds against the installed plugins
+    (``_resolve``). Print the effective config, with the Lease's location filled in."""
     config = _load(args.file)
-    yaml.safe_dump(config.dump(), sys.stdout, sort_keys=False)
+    _, resolved = _resolve(config)
+    for failed in resolved.failures:
+        print(
+            f"ungater: warning: plugin {failed.label} unavailable: {failed.error}", file=sys.stderr
+        )
+    for skipped in resolved.skipped:
+        print(
+            f"ungater: warning: kind {skipped.kind} would be skipped: {skipped.reason}",
+            file=sys.stderr,
+        )
+    if config.server.loopback:
+        print(
+            f"ungater: warning: server.address {config.server.address!r} is a loopback address: "
+            "fine on a workstation, but a kubelet's probes cannot reach it in a pod",
+            file=sys.stderr,
+        )
+    dumped = config.dump()
+    if config.leader_election.enabled:
+        dumped["leaderElection"].update(
+            namespace=config.lease_namespace, leaseName=config.lease_name
+        )
+    yaml.safe_dump(dumped, sys.stdout, sort_keys=False)
     return 0
 
 
@@ -126,19 +171,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ungater.logs import setup_logging
 
     config = _load(args.config)
+    registry, _ = _resolve(config)  # refuse a config before connecting, as check-config does
     if args.no_leader_election:
         le = config.leader_election.model_copy(update={"enabled": False})
         config = config.model_copy(update={"leader_election": le})
     setup_logging(config.logging.level, config.logging.format)
-    return anyio.run(_run, args, config)
+    return anyio.run(_run, args, config, registry)
 
 
-async def _run(args: argparse.Namespace, config: Config) -> int:
+async def _run(args: argparse.Namespace, config: Config, registry: PluginRegistry) -> int:
     from ungater.app import serve
     from ungater.controller import StartupError
-    from ungater.registry import PluginRegistry
 
-    registry = PluginRegistry.discover(config.plugins.allow)
     client = await _client(args, config)
     stop = anyio.Event()
     error = ""

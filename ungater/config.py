@@ -2,27 +2,122 @@
 
 Every key has a default, so ``ungater run`` with no file releases all built-in kinds'
 ``kueue.x-k8s.io/elastic-job`` gate in all namespaces. Unknown keys are errors: a typo must not
-silently fall back to a default on a production cluster.
+silently fall back to a default on a production cluster. So is everything that can never work:
+types are strict (no ``"true"`` for a boolean, no ``2.5`` or ``true`` for an integer), a key
+given twice is an error, gate names must be Kubernetes qualified names and namespaces DNS
+labels, and every duration has a sane range.
+
+The leader-election Lease has a default location that does not depend on where the process
+runs (``kube-system``, a name derived from the gates served), so ``ungater run`` on a laptop
+and the in-cluster Deployment share one Lease and never lead at once.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-__all__ = ["DEFAULT_GATE", "Config", "ConfigError", "KindConfig", "load_config"]
+__all__ = [
+    "DEFAULT_GATE",
+    "DEFAULT_LEASE_NAMESPACE",
+    "Config",
+    "ConfigError",
+    "KindConfig",
+    "default_lease_name",
+    "load_config",
+]
 
 DEFAULT_GATE = "kueue.x-k8s.io/elastic-job"
+#: Where the Lease lives unless configured: a namespace every cluster has, where the control
+#: plane's own leader-election Leases live too. Never the process's own namespace: a laptop and
+#: a pod must find the same Lease.
+DEFAULT_LEASE_NAMESPACE = "kube-system"
 WorkloadVersion = Literal["v1beta2", "v1beta1"]
 _WORKLOAD_VERSIONS: tuple[WorkloadVersion, ...] = ("v1beta2", "v1beta1")
 _BUILTIN_KINDS = (("batch", "Job"), ("jobset.x-k8s.io", "JobSet"), ("ray.io", "RayCluster"))
 
+# Kubernetes' validation rules (k8s.io/apimachinery/pkg/util/validation).
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+_QUALIFIED_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _dns_label(value: str) -> str:
+    if len(value) > 63 or not _DNS1123_LABEL.match(value):
+        raise ValueError(
+            f"{value!r} is not a DNS-1123 label (at most 63 lower-case letters, digits and "
+            "'-', starting and ending with a letter or digit), so no namespace can have it"
+        )
+    return value
+
+
+def _dns_subdomain(value: str, what: str) -> str:
+    if len(value) > 253 or not _DNS1123_SUBDOMAIN.match(value):
+        raise ValueError(
+            f"{value!r} is not a DNS-1123 subdomain (lower-case letters, digits, '-' and '.', "
+            f"at most 253), so no {what} can have it"
+        )
+    return value
+
+
+def _qualified_name(value: str) -> str:
+    """A Kubernetes qualified name (what the API server accepts as a scheduling gate)."""
+    prefix, slash, name = value.rpartition("/")
+    problem = ""
+    if slash and not prefix:
+        problem = "the prefix before '/' is empty"
+    elif prefix and (len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix)):
+        problem = f"the prefix {prefix!r} is not a DNS-1123 subdomain"
+    elif not name:
+        problem = "the name is empty"
+    elif len(name) > 63:
+        problem = f"the name is {len(name)} characters long (at most 63)"
+    elif not _QUALIFIED_NAME_PART.match(name):
+        problem = (
+            f"the name {name!r} must consist of letters, digits, '-', '_' or '.' and start and "
+            "end with a letter or digit"
+        )
+    if problem:
+        raise ValueError(
+            f"{value!r} is not a qualified name ([prefix/]name): {problem}; "
+            "the API server accepts no such scheduling gate"
+        )
+    return value
+
+
+def default_lease_name(gates: Iterable[str]) -> str:
+    """The Lease name for a set of gates: ``ungater-<readable gates>-<8 hex of their hash>``.
+
+    Derived from the gates alone (sorted, without repeats), so every instance releasing the
+    same gates meets on the same Lease, wherever it runs and whatever kinds or namespaces it
+    lists. The Helm chart computes the same name (``ungater.defaultLeaseName`` in
+    ``_helpers.tpl``); a test renders both and compares them.
+    """
+    joined = ",".join(sorted(set(gates)))
+    digest = hashlib.sha256(joined.encode()).hexdigest()[:8]
+    readable = re.sub(r"[^a-z0-9]+", "-", joined.lower()).strip("-")[:30].rstrip("-")
+    return f"ungater-{readable}-{digest}" if readable else f"ungater-{digest}"
+
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, strict=True)
 
 
 class KindConfig(_Model):
@@ -31,11 +126,34 @@ class KindConfig(_Model):
     group: str = Field(description="API group of the owner kind; empty for the core group.")
     kind: str = Field(min_length=1)
     plugin: str | None = Field(
-        default=None, description="Plugin that serves the kind; needed only if several do."
+        default=None,
+        min_length=1,
+        description="Plugin that serves the kind; needed only if several do.",
     )
     gate: str | None = Field(
         default=None, min_length=1, description="Gate to remove; defaults to `gate`."
     )
+
+    @field_validator("group")
+    @classmethod
+    def _group(cls, v: str) -> str:
+        return _dns_subdomain(v, "API group") if v else v
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        # a CRD's kind must be a DNS-1035 label once lower-cased (apiextensions validation)
+        if len(v) > 63 or not _DNS1035_LABEL.match(v.lower()):
+            raise ValueError(
+                f"{v!r} is not a Kubernetes kind name (a letter, then letters, digits or '-'; "
+                "at most 63), so no object can have it"
+            )
+        return v
+
+    @field_validator("gate")
+    @classmethod
+    def _gate(cls, v: str | None) -> str | None:
+        return _qualified_name(v) if v else v
 
 
 class PluginsConfig(_Model):
@@ -47,16 +165,27 @@ class PluginsConfig(_Model):
 
 class WatchConfig(_Model):
     timeout_seconds: int = Field(default=300, ge=10, le=3600, alias="timeoutSeconds")
-    silence_seconds: float = Field(default=90.0, gt=0, alias="silenceSeconds")
-    backoff_initial_seconds: float = Field(default=0.5, gt=0, alias="backoffInitialSeconds")
-    backoff_max_seconds: float = Field(default=30.0, gt=0, alias="backoffMaxSeconds")
+    silence_seconds: float = Field(default=90.0, gt=0, le=3600, alias="silenceSeconds")
+    backoff_initial_seconds: float = Field(default=0.5, gt=0, le=60, alias="backoffInitialSeconds")
+    backoff_max_seconds: float = Field(default=30.0, gt=0, le=600, alias="backoffMaxSeconds")
+
+    @model_validator(mode="after")
+    def _backoff(self) -> WatchConfig:
+        if self.backoff_initial_seconds > self.backoff_max_seconds:
+            raise ValueError(
+                f"backoffInitialSeconds ({self.backoff_initial_seconds:g}) must not exceed "
+                f"backoffMaxSeconds ({self.backoff_max_seconds:g})"
+            )
+        return self
 
 
 class ClientConfig(_Model):
-    qps: float = Field(default=200.0, gt=0)
-    burst: int = Field(default=400, ge=1)
+    qps: float = Field(default=200.0, gt=0, le=100_000)
+    burst: int = Field(default=400, ge=1, le=1_000_000)
     patch_concurrency: int = Field(default=32, ge=1, le=1024, alias="patchConcurrency")
-    request_timeout_seconds: float = Field(default=30.0, gt=0, alias="requestTimeoutSeconds")
+    request_timeout_seconds: float = Field(
+        default=30.0, gt=0, le=600, alias="requestTimeoutSeconds"
+    )
 
 
 class LeaderElectionConfig(_Model):
@@ -65,20 +194,45 @@ class LeaderElectionConfig(_Model):
     enabled: bool = True
     namespace: str | None = Field(
         default=None,
-        description="Lease namespace; null: $POD_NAMESPACE, the service account's, else default.",
+        description=f"Lease namespace; null: {DEFAULT_LEASE_NAMESPACE}, wherever ungater runs.",
     )
-    lease_name: str = Field(default="ungater", min_length=1, alias="leaseName")
-    identity: str | None = Field(default=None, description="null: $POD_NAME or host, + suffix.")
-    lease_duration_seconds: float = Field(default=15.0, gt=0, alias="leaseDurationSeconds")
-    renew_deadline_seconds: float = Field(default=10.0, gt=0, alias="renewDeadlineSeconds")
-    retry_period_seconds: float = Field(default=2.0, gt=0, alias="retryPeriodSeconds")
+    lease_name: str | None = Field(
+        default=None,
+        alias="leaseName",
+        description="Lease name; null: derived from the gates (see default_lease_name).",
+    )
+    identity: str | None = Field(
+        default=None, min_length=1, description="null: $POD_NAME or host, + suffix."
+    )
+    lease_duration_seconds: float = Field(default=15.0, ge=1, le=600, alias="leaseDurationSeconds")
+    renew_deadline_seconds: float = Field(default=10.0, gt=0, le=600, alias="renewDeadlineSeconds")
+    retry_period_seconds: float = Field(default=2.0, gt=0, le=60, alias="retryPeriodSeconds")
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, v: str | None) -> str | None:
+        return _dns_label(v) if v is not None else v
+
+    @field_validator("lease_name")
+    @classmethod
+    def _lease_name(cls, v: str | None) -> str | None:
+        return _dns_subdomain(v, "Lease") if v is not None else v
 
     @model_validator(mode="after")
     def _timings(self) -> LeaderElectionConfig:
+        # the same rules as LeaderElector's (and JITTER there is 1.2)
         if self.renew_deadline_seconds >= self.lease_duration_seconds:
-            raise ValueError("renewDeadlineSeconds must be less than leaseDurationSeconds")
+            raise ValueError(
+                f"renewDeadlineSeconds ({self.renew_deadline_seconds:g}) must be less than "
+                f"leaseDurationSeconds ({self.lease_duration_seconds:g}): a leader must stop "
+                "before its Lease can expire"
+            )
         if self.renew_deadline_seconds <= 1.2 * self.retry_period_seconds:
-            raise ValueError("renewDeadlineSeconds must exceed 1.2 x retryPeriodSeconds")
+            raise ValueError(
+                f"renewDeadlineSeconds ({self.renew_deadline_seconds:g}) must exceed 1.2 x "
+                f"retryPeriodSeconds ({self.retry_period_seconds:g}), or one slow retry loses "
+                "the Lease"
+            )
         return self
 
 
@@ -96,16 +250,22 @@ class ServerConfig(_Model):
                 raise ValueError(f"expected [host]:port (or empty to disable), got {v!r}")
         return v
 
+    @property
+    def loopback(self) -> bool:
+        """Bound to a loopback address: a kubelet's probes cannot reach it."""
+        host = self.address.rpartition(":")[0].strip("[]").lower()
+        return host == "localhost" or host == "::1" or host.startswith("127.")
+
 
 class EventsConfig(_Model):
     enabled: bool = True
-    per_object_burst: int = Field(default=25, ge=1, alias="perObjectBurst")
+    per_object_burst: int = Field(default=25, ge=1, le=10_000, alias="perObjectBurst")
     per_object_interval_seconds: float = Field(
-        default=300.0, gt=0, alias="perObjectIntervalSeconds"
+        default=300.0, gt=0, le=86_400, alias="perObjectIntervalSeconds"
     )
-    qps: float = Field(default=10.0, gt=0)
-    burst: int = Field(default=100, ge=1)
-    queue_size: int = Field(default=1000, ge=1, alias="queueSize")
+    qps: float = Field(default=10.0, gt=0, le=10_000)
+    burst: int = Field(default=100, ge=1, le=100_000)
+    queue_size: int = Field(default=1000, ge=1, le=1_000_000, alias="queueSize")
 
 
 class LoggingConfig(_Model):
@@ -123,9 +283,12 @@ class Config(_Model):
 
     gate: str = Field(default=DEFAULT_GATE, min_length=1)
     kinds: list[KindConfig] = Field(
-        default_factory=lambda: [KindConfig(group=g, kind=k) for g, k in _BUILTIN_KINDS]
+        default_factory=lambda: [KindConfig(group=g, kind=k) for g, k in _BUILTIN_KINDS],
+        min_length=1,
     )
-    namespaces: list[str] = Field(default_factory=list, description="Empty: all namespaces.")
+    namespaces: list[Annotated[str, AfterValidator(_dns_label)]] = Field(
+        default_factory=list, description="Empty: all namespaces."
+    )
     require_elastic_annotation: bool = Field(default=True, alias="requireElasticAnnotation")
     workload_api_versions: list[WorkloadVersion] = Field(
         default_factory=lambda: list(_WORKLOAD_VERSIONS), alias="workloadApiVersions", min_length=1
@@ -133,7 +296,7 @@ class Config(_Model):
     apply_pod_set_updates: bool = Field(default=True, alias="applyPodSetUpdates")
     workers: int = Field(default=4, ge=1, le=256)
     expectations_timeout_seconds: float = Field(
-        default=30.0, gt=0, alias="expectationsTimeoutSeconds"
+        default=30.0, gt=0, le=3600, alias="expectationsTimeoutSeconds"
     )
     client: ClientConfig = Field(default_factory=ClientConfig)
     watch: WatchConfig = Field(default_factory=WatchConfig)
@@ -144,6 +307,11 @@ class Config(_Model):
     server: ServerConfig = Field(default_factory=ServerConfig)
     events: EventsConfig = Field(default_factory=EventsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @field_validator("gate")
+    @classmethod
+    def _gate(cls, v: str) -> str:
+        return _qualified_name(v)
 
     @model_validator(mode="after")
     def _unique_kinds(self) -> Config:
@@ -159,6 +327,21 @@ class Config(_Model):
     def gate_for(self, kind: KindConfig) -> str:
         return kind.gate or self.gate
 
+    @property
+    def gates(self) -> list[str]:
+        """Every gate this config releases, sorted, without repeats."""
+        return sorted({self.gate_for(k) for k in self.kinds})
+
+    @property
+    def lease_namespace(self) -> str:
+        """The Lease's namespace: configured, else ``kube-system`` (never where we run)."""
+        return self.leader_election.namespace or DEFAULT_LEASE_NAMESPACE
+
+    @property
+    def lease_name(self) -> str:
+        """The Lease's name: configured, else derived from the gates."""
+        return self.leader_election.lease_name or default_lease_name(self.gates)
+
     def dump(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
 
@@ -167,11 +350,79 @@ class ConfigError(Exception):
     """A config file that cannot be used; the message names the file and the key."""
 
 
-def _location(loc: tuple[int | str, ...]) -> str:
+def _location(loc: Iterable[int | str]) -> str:
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or "(top level)"
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2 booleans only (``true``/``false``): ``yes``, ``on`` or ``n`` stay strings, and
+    so are refused where a boolean is expected instead of silently meaning true or false."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool",
+    re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+    list("tTfF"),
+)
+
+
+def _duplicate_keys(node: yaml.Node, path: tuple[int | str, ...] = ()) -> list[str]:
+    """``key: given twice (lines a and b)`` for every mapping key that repeats."""
+    out: list[str] = []
+    if isinstance(node, yaml.MappingNode):
+        first: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            line = key_node.start_mark.line + 1
+            if key is not None and key in first:
+                out.append(
+                    f"{_location((*path, key))}: given twice (lines {first[key]} and {line}); "
+                    "a YAML key may appear once"
+                )
+            elif key is not None:
+                first[key] = line
+            out += _duplicate_keys(value_node, (*path, key) if key is not None else path)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            out += _duplicate_keys(item, (*path, i))
+    return out
+
+
+def _parse_yaml(text: str, p: Path) -> Any:
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        duplicates = _duplicate_keys(node)
+        if duplicates:
+            raise ConfigError("\n".join(f"{p}: {d}" for d in duplicates))
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+_SHOW_INPUT = frozenset(
+    {"literal_error", "enum", "greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+)
+
+
+def _message(err: Any) -> str:
+    if err["type"] == "extra_forbidden":
+        return "unknown key"
+    msg = str(err["msg"])
+    if msg.startswith("Value error, "):
+        msg = msg.removeprefix("Value error, ")
+    if err["type"].endswith("_type") or err["type"] in _SHOW_INPUT:
+        msg += f" (got {err['input']!r})"
+    return msg
 
 
 def load_config(path: str | Path | None) -> Config:
@@ -180,7 +431,7 @@ def load_config(path: str | Path | None) -> Config:
         return Config()
     p = Path(path)
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+        raw = _parse_yaml(p.read_text(encoding="utf-8"), p)
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
@@ -194,11 +445,5 @@ def load_config(path: str | Path | None) -> Config:
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            where = _location(tuple(err["loc"]))
-            what = err["msg"]
-            if err["type"] == "extra_forbidden":
-                what = "unknown key"
-            lines.append(f"{p}: {where}: {what}")
+        lines = [f"{p}: {_location(tuple(e['loc']))}: {_message(e)}" for e in exc.errors()]
         raise ConfigError("\n".join(lines)) from exc

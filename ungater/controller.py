@@ -150,27 +150,20 @@ class Controller:
     # -- set-up -----------------------------------------------------------------------------
 
     def _resolve_kinds(self) -> None:
-        failures = self.registry.failures
-        for failed in failures:
+        # one pure function decides, shared with `ungater check-config` (ungater/kinds.py)
+        from ungater import kinds
+
+        for failed in self.registry.failures:
             log.error("plugin %s unavailable: %s", failed.label, failed.error)
-        if failures and self.config.plugins.fail_on_error:
-            names = ", ".join(f.label for f in failures)
-            raise StartupError(f"plugins failed to load and plugins.failOnError is set: {names}")
-        for kc in self.config.kinds:
-            kind = Kind(kc.group, kc.kind)
-            try:
-                handler = self.registry.handler(kind, kc.plugin)
-            except LookupError as exc:
-                if failures and not self.registry.providers(kind):
-                    # a broken plugin may have served it: skip the kind, keep the rest working
-                    log.error("kind %s skipped: %s (a plugin failed to load)", kind, exc)
-                    self.stats.skipped_kinds.append(str(kind))
-                    continue
-                raise StartupError(f"config kinds: {exc}") from exc
-            gate = self.config.gate_for(kc)
-            self.kinds[kind] = KindRuntime(handler, gate, PodIndex(handler.spec.pod_label))
-        if not self.kinds:
-            raise StartupError("no elastic kind can be served (see the plugin errors above)")
+        try:
+            resolved = kinds.resolve_kinds(self.config, self.registry)
+        except kinds.StartupError as exc:
+            raise StartupError(str(exc)) from exc
+        for skipped in resolved.skipped:
+            log.error("kind %s skipped: %s (a plugin failed to load)", skipped.kind, skipped.reason)
+            self.stats.skipped_kinds.append(str(skipped.kind))
+        for kind, rk in resolved.kinds.items():
+            self.kinds[kind] = KindRuntime(rk.handler, rk.gate, PodIndex(rk.handler.spec.pod_label))
 
     async def _discover_workload_version(self) -> str:
         served = await self.client.served_versions(KUEUE_GROUP)

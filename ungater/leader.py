@@ -307,7 +307,9 @@ class LeaderElector:
                 except Exception as exc:  # API errors, connection errors, timeouts: try again
                     self.stats.failures += 1
                     self.stats.last_error = repr(exc)
-                    log.warning("lease %s/%s: %r", self.namespace, self.name, exc)
+                    log.warning(
+                        "lease %s/%s: %r%s", self.namespace, self.name, exc, self._hint(exc)
+                    )
                     outcome.append(False)
                 tg.cancel_scope.cancel()
 
@@ -317,6 +319,19 @@ class LeaderElector:
             self.stats.failures += 1
             self.stats.last_error = f"no answer within {seconds:.1f}s"
         return outcome[0] if outcome else None
+
+    def _hint(self, exc: Exception) -> str:
+        """What an operator needs to know about a refused Lease request; it never leads then."""
+        if not isinstance(exc, ApiError):
+            return ""
+        if exc.status == 403:
+            return (
+                f" (not allowed: this identity needs create, and get/update/patch on the Lease "
+                f"{self.name!r}, in namespace {self.namespace!r}; it stays a standby until then)"
+            )
+        if exc.status == 404:
+            return f" (does namespace {self.namespace!r} exist? it stays a standby until then)"
+        return ""
 
     # -- one attempt --------------------------------------------------------------------------
 

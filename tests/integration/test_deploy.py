@@ -181,6 +181,30 @@ def test_chart_rbac_and_deployment_hold_for_both_scopes(helm: Path) -> None:
     assert_least_privilege(one(other, "Role"), leader_election_rules("ug-lease"))
 
 
+def test_chart_derives_the_lease_name_as_the_controller_does(helm: Path) -> None:
+    """The chart's default Lease (kube-system, a name from the gates) is the one `ungater run`
+    finds with the same config anywhere, so a laptop and the Deployment never both lead."""
+    cases: list[dict[str, Any]] = [
+        {},
+        {"gate": "example.com/hold"},
+        {"kinds": [{"group": "batch", "kind": "Job", "gate": "b.example/two"}]},
+        {
+            "gate": "a.example/one",
+            "kinds": [
+                {"group": "batch", "kind": "Job", "gate": "b.example/two"},
+                {"group": "ray.io", "kind": "RayCluster"},
+            ],
+        },
+    ]
+    for config in cases:
+        objects = render(helm, namespace="ops", config=config)
+        expected = Config.model_validate(config)
+        assert lease_name(objects) == expected.lease_name, config
+        assert one(objects, "Role")["metadata"]["namespace"] == "kube-system"
+        assert rendered_config(objects)["leaderElection"]["namespace"] == "kube-system"
+    assert len({Config.model_validate(c).lease_name for c in cases}) == len(cases)
+
+
 # -- server-side dry run --------------------------------------------------------------------
 
 

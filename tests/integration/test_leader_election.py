@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from tests.integration.k8s import Kube
 from tests.integration.monitor import monitoring
 from tests.integration.test_jobs import make_job, released_indexes
 from tests.polling import equals, eventually
+from ungater.config import DEFAULT_GATE, default_lease_name
 from ungater.kube import Resource
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -31,15 +33,29 @@ LEASE_S = 4.0
 
 
 class Replica:
-    def __init__(self, name: str, kubeconfig: Path, ns: str, tmp: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        kubeconfig: Path,
+        ns: str,
+        tmp: Path,
+        *,
+        lease: str = "",
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """``lease``: a Lease name in the default namespace (else our test namespace and the
+        derived name); ``env``: replaces the environment's POD_* variables."""
         self.name = name
         self.log = tmp / f"{name}.log"
         cfg = tmp / f"{name}.yaml"
+        where = f"leaseName: {lease}" if lease else f"namespace: {ns}"
         cfg.write_text(
             f"namespaces: [{ns}]\nserver: {{address: '127.0.0.1:0'}}\n"
-            f"leaderElection: {{namespace: {ns}, identity: {name}, leaseDurationSeconds: {LEASE_S},"
+            f"leaderElection: {{{where}, identity: {name}, leaseDurationSeconds: {LEASE_S},"
             " renewDeadlineSeconds: 3, retryPeriodSeconds: 1}\n"
         )
+        base = {k: v for k, v in os.environ.items() if not k.startswith("POD_")}
+        environment = {**base, **(env or {}), "PYTHONUNBUFFERED": "1"}
         with self.log.open("w") as out:
             self.proc = subprocess.Popen(
                 [
@@ -54,7 +70,7 @@ class Replica:
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env=environment,
             )
 
     def url(self) -> str | None:
@@ -80,9 +96,54 @@ class Replica:
             return self.proc.wait(timeout=10)
 
 
-async def holder(kube: Kube, ns: str) -> str:
-    lease = await kube.get(LEASES, ns, "ungater")
+async def holder(kube: Kube, ns: str, name: str = default_lease_name([DEFAULT_GATE])) -> str:
+    lease = await kube.get(LEASES, ns, name)
     return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
+
+
+def is_leader(replica: Replica) -> bool:
+    metrics = replica.get("/metrics")[1]
+    assert re.search(r"^ungater_leader [01]\.0$", metrics, re.M), metrics
+    return "\nungater_leader 1.0" in metrics
+
+
+async def test_instances_in_different_places_share_one_lease(
+    kube: Kube, kube_namespace: str, control_plane: Any, tmp_path: Path
+) -> None:
+    """A pod (POD_NAMESPACE set to an existing namespace, as the Deployment sets it) and a laptop (no POD_*), neither
+    configuring a Lease namespace, meet on one Lease in kube-system: exactly one leads."""
+    ns = kube_namespace
+    lease = f"ungater-test-{secrets.token_hex(3)}"
+    replicas = [
+        Replica(
+            "in-pod",
+            control_plane.kubeconfig_path,
+            ns,
+            tmp_path,
+            lease=lease,
+            env={"POD_NAMESPACE": ns, "POD_NAME": "ungater-0"},
+        ),
+        Replica("laptop", control_plane.kubeconfig_path, ns, tmp_path, lease=lease),
+    ]
+    try:
+        leader = await eventually(
+            lambda: holder(kube, "kube-system", lease), timeout=30, what="a leader"
+        )
+        for r in replicas:
+            await eventually(
+                lambda r=r: r.url() and r.get("/readyz")[0] == 200, timeout=30, what=r.name
+            )
+        first = next(r for r in replicas if r.name == leader)
+        await eventually(lambda: is_leader(first), timeout=10, what=f"{leader} says it leads")
+        for _ in range(3):  # over more than a lease duration, one leader and one standby
+            leading = [r.name for r in replicas if is_leader(r)]
+            assert leading == [leader], leading
+            await anyio.sleep(LEASE_S / 2)
+        assert await kube.get(LEASES, ns, lease) is None  # not where the pod runs
+    finally:
+        for r in replicas:
+            await anyio.to_thread.run_sync(lambda r=r: r.stop(signal.SIGTERM, 20))
+        await kube.client.delete(LEASES, "kube-system", lease)
 
 
 async def test_standby_takes_over_when_the_leader_is_killed(

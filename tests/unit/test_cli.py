@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ungater import __version__
 from ungater.cli import main
@@ -91,3 +93,77 @@ def test_run_accepts_no_leader_election() -> None:
 
     args = _parser().parse_args(["run", "--no-leader-election"])
     assert args.no_leader_election is True
+
+
+# -- check-config refuses what run refuses -------------------------------------------------
+
+REFUSED_AT_START = {
+    "a kind no installed plugin serves": (
+        "kinds: [{group: example.com, kind: Widget}]\n",
+        "no plugin serves kind Widget.example.com",
+    ),
+    "a plugin that does not serve the kind named": (
+        "kinds: [{group: batch, kind: Job, plugin: raycluster}]\n",
+        "plugin 'raycluster' does not serve kind Job.batch",
+    ),
+    "an unknown plugin in the allow list": (
+        "plugins: {allow: [job, nosuch]}\nkinds: [{group: batch, kind: Job}]\n",
+        "plugins.allow: no installed plugin is named 'nosuch'",
+    ),
+    "no kinds at all": ("kinds: []\n", "kinds: List should have at least 1 item"),
+    "a gate that is no qualified name": ("gate: 'bad gate'\n", "is not a qualified name"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_AT_START))
+def test_check_config_and_run_refuse_the_same_with_the_same_message(
+    tmp_path: Path, case: str
+) -> None:
+    """`check-config` exits 2 for what `run` refuses before touching a cluster, and both say
+    the same thing (run is given a kubeconfig that leads nowhere: it must refuse first)."""
+    text, message = REFUSED_AT_START[case]
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    kubeconfig = tmp_path / "kc"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
+    check = run_cli("check-config", str(f))
+    run = run_cli("run", "--config", str(f), "--kubeconfig", str(kubeconfig))
+    assert check.returncode == 2, check.stdout + check.stderr
+    assert message in check.stderr, check.stderr
+    assert run.returncode == 2, run.stderr
+    assert run.stderr == check.stderr
+    assert "Traceback" not in check.stderr + run.stderr
+
+
+def test_a_kind_served_by_two_plugins_needs_one_named() -> None:
+    """The same pure resolution run and check-config use refuses an ambiguous kind and accepts
+    it once the config names the plugin."""
+    import plugins.job as job_plugin
+    from ungater.config import Config, KindConfig
+    from ungater.kinds import StartupError, resolve_kinds
+    from ungater.registry import PluginRegistry
+
+    hooks = {
+        name: getattr(job_plugin, name) for name in dir(job_plugin) if name.startswith("ungater_")
+    }
+    copy = types.SimpleNamespace(**hooks)  # a second plugin object with the same hooks
+    registry = PluginRegistry.from_modules({"job": job_plugin, "job-copy": copy})
+    ambiguous = Config(kinds=[KindConfig(group="batch", kind="Job")])
+    with pytest.raises(StartupError, match="served by several plugins"):
+        resolve_kinds(ambiguous, registry)
+    named = Config(kinds=[KindConfig(group="batch", kind="Job", plugin="job-copy")])
+    resolved = resolve_kinds(named, registry)
+    assert [rk.handler.plugin.name for rk in resolved.kinds.values()] == ["job-copy"]
+
+
+def test_check_config_prints_where_the_lease_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("gate: example.com/mine\n")
+    assert main(["check-config", str(f)]) == 0
+    out = yaml.safe_load(capsys.readouterr().out)
+    from ungater.config import default_lease_name
+
+    assert out["leaderElection"]["namespace"] == "kube-system"
+    assert out["leaderElection"]["leaseName"] == default_lease_name(["example.com/mine"])

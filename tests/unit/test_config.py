@@ -304,3 +304,125 @@ def test_empty_kind_gate_is_rejected(tmp_path: Path) -> None:
 
 def test_level_is_case_insensitive(tmp_path: Path) -> None:
     assert load_config(_write(tmp_path, "logging: {level: warning}\n")).logging.level == "WARNING"
+
+
+# -- what can never work is refused -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "need"),
+    [
+        pytest.param("gate: 'two words'\n", "gate", "not a qualified name", id="gate-space"),
+        pytest.param("gate: a/b/c\n", "gate", "not a DNS-1123 subdomain", id="gate-two-slashes"),
+        pytest.param("gate: /hold\n", "gate", "prefix before '/' is empty", id="gate-no-prefix"),
+        pytest.param("gate: example.com/\n", "gate", "the name is empty", id="gate-no-name"),
+        pytest.param(f"gate: x/{'a' * 64}\n", "gate", "at most 63", id="gate-long"),
+        pytest.param(
+            "kinds: [{group: batch, kind: Job, gate: 'x/-bad'}]\n",
+            "kinds[0].gate",
+            "start and end with a letter or digit",
+            id="kind-gate",
+        ),
+        pytest.param("namespaces: [Team-A]\n", "namespaces[0]", "DNS-1123 label", id="ns-upper"),
+        pytest.param(
+            f"namespaces: [{'a' * 64}]\n", "namespaces[0]", "DNS-1123 label", id="ns-long"
+        ),
+        pytest.param(
+            "kinds: [{group: Batch_Group, kind: Job}]\n",
+            "kinds[0].group",
+            "DNS-1123 subdomain",
+            id="group",
+        ),
+        pytest.param(
+            "kinds: [{group: batch, kind: '9Job'}]\n", "kinds[0].kind", "kind name", id="kind"
+        ),
+        pytest.param(
+            "requireElasticAnnotation: 'true'\n",
+            "requireElasticAnnotation",
+            "valid boolean",
+            id="bool-string",
+        ),
+        pytest.param(
+            "requireElasticAnnotation: yes\n",
+            "requireElasticAnnotation",
+            "valid boolean",
+            id="bool-yaml11-yes",
+        ),
+        pytest.param("workers: true\n", "workers", "valid integer", id="int-bool"),
+        pytest.param("workers: '4'\n", "workers", "valid integer", id="int-string"),
+        pytest.param(
+            "expectationsTimeoutSeconds: 86400\n",
+            "expectationsTimeoutSeconds",
+            "less than or equal to 3600",
+            id="timeout-absurd",
+        ),
+        pytest.param(
+            "leaderElection: {leaseName: Not_A_Name}\n",
+            "leaderElection.leaseName",
+            "DNS-1123 subdomain",
+            id="lease-name",
+        ),
+        pytest.param(
+            "leaderElection: {namespace: 'kube system'}\n",
+            "leaderElection.namespace",
+            "DNS-1123 label",
+            id="lease-namespace",
+        ),
+    ],
+)
+def test_what_can_never_match_is_refused(tmp_path: Path, text: str, where: str, need: str) -> None:
+    msg = _error(tmp_path, text)
+    assert f": {where}: " in msg and need in msg, msg
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path: Path) -> None:
+    msg = _error(tmp_path, "workers: 2\nclient:\n  qps: 5\n  qps: 50\nworkers: 3\n")
+    assert "workers: given twice (lines 1 and 5)" in msg, msg
+    assert "client.qps: given twice (lines 3 and 4)" in msg, msg
+
+
+def test_yaml_1_1_words_stay_strings_where_strings_are_wanted(tmp_path: Path) -> None:
+    """`on`, `no`, `y` are names (a namespace called `no`), not booleans."""
+    c = load_config(_write(tmp_path, "namespaces: [on, no, y]\n"))
+    assert c.namespaces == ["on", "no", "y"]
+    assert (
+        load_config(
+            _write(tmp_path, "requireElasticAnnotation: false\n")
+        ).require_elastic_annotation
+        is False
+    )
+
+
+def test_valid_names_pass(tmp_path: Path) -> None:
+    c = load_config(
+        _write(
+            tmp_path,
+            """\
+            gate: example.com/My_Gate.v2
+            namespaces: [team-a, "0ml"]
+            kinds: [{group: "", kind: Pod}, {group: batch, kind: Job, gate: plain-name}]
+            """,
+        )
+    )
+    assert c.gate == "example.com/My_Gate.v2"
+    assert c.gates == ["example.com/My_Gate.v2", "plain-name"]
+
+
+def test_lease_location_does_not_depend_on_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A laptop and a pod (POD_NAMESPACE set) compute the same Lease for the same gates; other
+    gates get another Lease, a configured one wins."""
+    from ungater.app import lease_name, lease_namespace
+    from ungater.config import default_lease_name
+
+    laptop = (lease_namespace(Config()), lease_name(Config()))
+    monkeypatch.setenv("POD_NAMESPACE", "ungater-system")
+    assert (lease_namespace(Config()), lease_name(Config())) == laptop
+    assert laptop == ("kube-system", default_lease_name([DEFAULT_GATE]))
+    assert laptop[1].startswith("ungater-kueue-x-k8s-io-elastic-job-")
+    assert len(laptop[1]) <= 63
+    other = Config(gate="example.com/hold")
+    assert lease_name(other) != laptop[1]
+    same_gates = Config(kinds=[KindConfig(group="batch", kind="Job")])
+    assert lease_name(same_gates) == laptop[1]  # the gates decide, not the kinds
+    mine = Config.model_validate({"leaderElection": {"namespace": "ops", "leaseName": "mine"}})
+    assert (lease_namespace(mine), lease_name(mine)) == ("ops", "mine")

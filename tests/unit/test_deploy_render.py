@@ -17,7 +17,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from ungater.config import Config
+from ungater.config import DEFAULT_GATE, DEFAULT_LEASE_NAMESPACE, Config, default_lease_name
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -134,6 +134,11 @@ def lease_name(objects: Iterable[Mapping[str, Any]]) -> str:
     return str(le.get("leaseName") or "")
 
 
+def lease_namespace(objects: Iterable[Mapping[str, Any]]) -> str:
+    le = rendered_config(objects).get("leaderElection") or {}
+    return str(le.get("namespace") or "")
+
+
 def check_rbac(objects: list[dict[str, Any]], namespace: str = NAMESPACE) -> None:
     """The ClusterRole and the leader-election Role are least privilege and bound to the
     controller's ServiceAccount; nothing else grants anything."""
@@ -142,7 +147,7 @@ def check_rbac(objects: list[dict[str, Any]], namespace: str = NAMESPACE) -> Non
     cluster_role = one(objects, "ClusterRole")
     assert_least_privilege(cluster_role, CLUSTER_RULES)
     role = one(objects, "Role")
-    assert role["metadata"]["namespace"] == namespace
+    assert role["metadata"]["namespace"] == lease_namespace(objects)
     assert_least_privilege(role, leader_election_rules(lease_name(objects)))
     bindings = by_kind(objects, "ClusterRoleBinding") + by_kind(objects, "RoleBinding")
     assert bindings
@@ -226,7 +231,7 @@ def check_deployment(objects: list[dict[str, Any]], namespace: str = NAMESPACE) 
     # two replicas need leader election, or both would release the same gate
     le = config["leaderElection"]
     assert le["enabled"] is True
-    assert le["namespace"] == namespace
+    assert le["namespace"] == DEFAULT_LEASE_NAMESPACE  # not the release's: one Lease per cluster
     svc = one(objects, "Service")
     assert [p["port"] for p in svc["spec"]["ports"]] == [port]
     assert all(labels[k] == v for k, v in svc["spec"]["selector"].items())
@@ -257,7 +262,9 @@ def test_plain_manifests_hold_every_object_once() -> None:
     )
     assert one(objects, "Namespace")["metadata"]["name"] == NAMESPACE
     for o in objects:
-        if o["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
+        if o["kind"] in ("Role", "RoleBinding"):  # the Lease's, where every instance finds it
+            assert o["metadata"]["namespace"] == DEFAULT_LEASE_NAMESPACE, o["metadata"]
+        elif o["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
             assert o["metadata"]["namespace"] == NAMESPACE, o["metadata"]
     # `kubectl apply -f deploy/manifests` reads files in name order: the namespace comes first
     first = sorted(MANIFESTS.glob("*.yaml"))[0]
@@ -305,7 +312,9 @@ def test_plain_config_map_is_a_valid_config_file() -> None:
     raw = rendered_config(objects)
     config = validated_config(raw)
     assert config.namespaces == []
-    assert lease_name(objects) == "ungater"
+    # the Lease where `ungater run` anywhere looks for it: one leader per cluster
+    assert lease_name(objects) == default_lease_name([DEFAULT_GATE]) == config.lease_name
+    assert lease_namespace(objects) == DEFAULT_LEASE_NAMESPACE == config.lease_namespace
 
 
 def test_config_map_passes_check_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -370,10 +379,10 @@ def test_values_config_maps_one_to_one_onto_the_config_file() -> None:
     given = _value_keys(config)
     assert not (given - known), f"not config keys: {sorted(given - known)}"
     assert not (known - given), f"config keys missing from values.yaml: {sorted(known - given)}"
-    # the chart fills an empty Lease namespace and name with the release's namespace and name
+    # the chart fills an empty Lease namespace and name with the controller's own defaults
     le = config["leaderElection"]
     assert (le["namespace"], le["leaseName"]) == ("", "")
-    config = {**config, "leaderElection": {**le, "namespace": None, "leaseName": "ungater"}}
+    config = {**config, "leaderElection": {**le, "namespace": None, "leaseName": None}}
     # the chart's defaults are the controller's defaults, but for the log format (json)
     dumped = validated_config(config).dump()
     defaults = Config().dump()

@@ -44,16 +44,41 @@ helm.sh/chart: {{ include "ungater.chart" . }}
 {{- end -}}
 {{- end -}}
 
-{{/* The namespace of the leader-election Lease: config.leaderElection.namespace, else the release's. */}}
+{{/*
+The namespace of the leader-election Lease: config.leaderElection.namespace, else kube-system,
+the controller's own default (ungater/config.py), so that an `ungater run` from a laptop and
+this Deployment meet on one Lease.
+*/}}
 {{- define "ungater.leaseNamespace" -}}
 {{- $le := .Values.config.leaderElection | default dict -}}
-{{- $le.namespace | default .Release.Namespace -}}
+{{- $le.namespace | default "kube-system" -}}
 {{- end -}}
 
-{{/* The name of the leader-election Lease: config.leaderElection.leaseName, else the full name. */}}
+{{/*
+The Lease name the controller derives from the gates it releases (config.default_lease_name):
+"ungater-<gates, readable>-<8 hex of sha256 of the sorted gates joined by commas>". A unit test
+renders this and compares it with the Python function.
+*/}}
+{{- define "ungater.defaultLeaseName" -}}
+{{- $gate := .Values.config.gate | default "kueue.x-k8s.io/elastic-job" -}}
+{{- $gates := list -}}
+{{- range (.Values.config.kinds | default (list (dict))) -}}
+{{- $gates = append $gates (.gate | default $gate) -}}
+{{- end -}}
+{{- $joined := $gates | uniq | sortAlpha | join "," -}}
+{{- $digest := sha256sum $joined | trunc 8 -}}
+{{- $readable := regexReplaceAll "[^a-z0-9]+" (lower $joined) "-" | trimAll "-" | trunc 30 | trimSuffix "-" -}}
+{{- if $readable -}}
+{{- printf "ungater-%s-%s" $readable $digest -}}
+{{- else -}}
+{{- printf "ungater-%s" $digest -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The name of the leader-election Lease: config.leaderElection.leaseName, else the derived one. */}}
 {{- define "ungater.leaseName" -}}
 {{- $le := .Values.config.leaderElection | default dict -}}
-{{- $le.leaseName | default (include "ungater.fullname" .) -}}
+{{- $le.leaseName | default (include "ungater.defaultLeaseName" .) -}}
 {{- end -}}
 
 {{/* The port of config.server.address (":8080", "0.0.0.0:8080"): container port, probes, Service. */}}
