@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 
 from ungater.assess import owner_of, pod_facts
+from ungater.blocked import BLOCKED, GONE, BlockedReleases, classify_patch_error, server_message
 from ungater.cache import OwnerKey, PodIndex, WorkloadIndex, ancestors
 from ungater.config import Config
 from ungater.decision import Decision, Release, active_slice, decide, order_slices
@@ -26,6 +27,7 @@ from ungater.events import (
     NORMAL,
     PLUGIN_ERROR,
     PODS_UNMAPPED,
+    RELEASE_BLOCKED,
     RELEASED,
     WARNING,
     EventRecorder,
@@ -59,6 +61,7 @@ __all__ = ["Controller", "StartupError", "workload_resource"]
 log = logging.getLogger(__name__)
 KUEUE_GROUP = "kueue.x-k8s.io"
 POD_SET_UPDATE_CONFLICT = "PodSetUpdateConflict"
+DELETING = "deleting"  # patch outcome: it landed on a pod already being deleted
 
 
 class StartupError(Exception):
@@ -105,6 +108,8 @@ class Stats:
     patch_conflicts: int = 0
     patch_gone: int = 0
     patch_errors: int = 0
+    patch_blocked: int = 0
+    released_deleting: int = 0
     foreign_releases: int = 0
     skipped_kinds: list[str] = field(default_factory=list)
 
@@ -146,6 +151,7 @@ class Controller:
         # to tell whether the cached owner object may predate the event that freed a slot
         self._freed_rv: dict[OwnerKey, int] = {}
         self._owner_rv: dict[str, int] = {}
+        self.blocked = BlockedReleases(clock=clock)  # releases refused for good, per pod
 
     # -- set-up -----------------------------------------------------------------------------
 
@@ -327,6 +333,7 @@ class Controller:
             if settled:
                 # only this kind's own view clears what this kind's reconcile expects
                 self.expectations.observe(pod.uid, rt.kind)
+                self.blocked.clear(pod.uid)
             if (
                 old is not None
                 and new is not None
@@ -401,6 +408,7 @@ class Controller:
             self.expectations.pending(key),
             apply_pod_set_updates=self.config.apply_pod_set_updates,
             desired=desired,
+            blocked=self.blocked.waiting(p.uid for p in pods),
         )
 
     def _owner_may_be_stale(self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef) -> bool:
@@ -499,11 +507,22 @@ class Controller:
         retry = False
         failed = 0
         released_by_set: dict[str, int] = {}
+        refused: list[Release] = []
         for r in releases:
             outcome = outcomes.get(r.pod.uid, "error")
             if outcome == "released":
                 self.stats.released += 1
+                self.blocked.clear(r.pod.uid)
                 released_by_set[r.pod_set] = released_by_set.get(r.pod_set, 0) + 1
+            elif outcome == DELETING:
+                # ours, but no release: keep it among our pods (its watch event must not look
+                # like someone else's release) and re-decide
+                self.expectations.observe(r.pod.uid)
+                retry = True
+            elif outcome == BLOCKED:
+                self.expectations.observe(r.pod.uid)  # refused: nothing of ours in flight
+                self._ours.discard(r.pod.uid)
+                refused.append(r)
             elif outcome in ("gone", "conflict", "skipped"):
                 self.expectations.observe(r.pod.uid)  # nothing of ours is in flight there
                 self._ours.discard(r.pod.uid)
@@ -539,12 +558,39 @@ class Controller:
                     "pod_set": pod_set,
                 },
             )
+        if refused:
+            self._report_blocked(key, rt, refused)
         if failed:
             raise RuntimeError(f"{failed} patch(es) failed for {key}")
         if retry:
             # the cache was behind the server: re-decide, but back off per key, so that a
             # lagging watch cannot turn into a hot loop of refused patches
             raise _Changed(key)
+
+    def _report_blocked(self, key: OwnerKey, rt: KindRuntime, refused: Sequence[Release]) -> None:
+        """Releases refused for good: warn once per refusal (rate-limited Events), re-decide at
+        once (the next pod in order may take a refused pod's slot) and again when the first
+        refused pod's backoff runs out."""
+        for r in refused:
+            entry = self.blocked.get(r.pod.uid)
+            if entry is None:
+                continue
+            reason = entry.reason(self.blocked.clock())
+            log.warning(
+                "pod %s/%s of %s stays gated: %s",
+                r.pod.namespace,
+                r.pod.name,
+                rt.kind,
+                reason,
+                extra={"pod_set": r.pod_set},
+            )
+            if self.metrics is not None:
+                self.metrics.observe_release_blocked(str(rt.kind))
+            self._event_for(key, WARNING, RELEASE_BLOCKED, f"pod {r.pod.name}: {reason}")
+        self.queue.add(key)
+        wait = self.blocked.next_retry(r.pod.uid for r in refused)
+        if wait is not None:
+            self.queue.add_after(key, max(wait, 0.01))
 
     async def _check_foreign_release(self, r: Release) -> None:
         """Our guarded patch was refused: if the gate is gone, another writer released the pod."""
@@ -584,13 +630,20 @@ class Controller:
         if not self._leading():
             return "skipped"  # leadership lost since the decision: act no more
         try:
-            await self.client.json_patch(PODS, r.pod.namespace, r.pod.name, release_patch(r))
-            return "released"
+            patched = await self.client.json_patch(
+                PODS, r.pod.namespace, r.pod.name, release_patch(r)
+            )
         except ApiError as exc:
-            if exc.status == 404:
+            outcome = classify_patch_error(exc.status, exc.reason, exc.body)
+            if outcome == GONE:
                 self.stats.patch_gone += 1
                 return "gone"
-            if exc.status in (409, 422):
+            if outcome == BLOCKED:
+                self.stats.patch_blocked += 1
+                message = server_message(exc.reason, exc.body)
+                self.blocked.record(r.pod.uid, r.pod.namespace, r.pod.name, exc.status, message)
+                return BLOCKED
+            if outcome == "conflict":
                 self.stats.patch_conflicts += 1
                 log.info(
                     "pod %s/%s changed under us (%s); re-deciding", r.pod.namespace, r.pod.name, exc
@@ -603,6 +656,12 @@ class Controller:
             self.stats.patch_errors += 1
             log.warning("patching pod %s/%s failed: %r", r.pod.namespace, r.pod.name, exc)
             return "error"
+        if ((patched or {}).get("metadata") or {}).get("deletionTimestamp"):
+            # the gate is gone, but so is the pod: a terminating pod runs nothing and frees
+            # its slot, so this is no release (not counted, logged or announced)
+            self.stats.released_deleting += 1
+            return DELETING
+        return "released"
 
     # -- running ----------------------------------------------------------------------------
 

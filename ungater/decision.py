@@ -192,6 +192,7 @@ def _decide_pod_set(
     gate: str,
     in_flight: frozenset[str],
     updates: tuple[PodChanges, str] = (NO_CHANGES, ""),
+    blocked: Mapping[str, str] | None = None,
 ) -> tuple[PodSetReport, list[Release]]:
     wanted, set_conflict = updates
     fitted: dict[str, PodChanges] = {}
@@ -221,6 +222,14 @@ def _decide_pod_set(
             waiting.append(Waiting(pod.name, reason))
             if f.group is not None:
                 blocked_groups[f.group.key] = f"member {pod.name} is not provably owned"
+            continue
+        refused = blocked.get(pod.uid) if blocked else None
+        if refused is not None:
+            # the API server refused its release for good: it waits out its backoff, gated
+            # and uncounted, and the next pod in order may take its slot
+            waiting.append(Waiting(pod.name, refused))
+            if f.group is not None:
+                blocked_groups[f.group.key] = f"member {pod.name}: {refused}"
             continue
         changes, conflict = (
             fit_to_pod(wanted, pod) if not set_conflict else (NO_CHANGES, set_conflict)
@@ -297,6 +306,7 @@ def decide(
     in_flight: Iterable[str] = (),
     apply_pod_set_updates: bool = True,
     desired: Mapping[str, int] | None = None,
+    blocked: Mapping[str, str] | None = None,
 ) -> Decision:
     """Choose the pods to release now.
 
@@ -305,7 +315,8 @@ def decide(
     chooses nothing new. With ``apply_pod_set_updates`` every release carries the active slice's
     admission-check pod set updates the pod still lacks; a pod that cannot take them waits.
     ``desired`` is the owner's own size per pod set (from its plugin); a pod set it does not
-    name is bounded by the slice alone.
+    name is bounded by the slice alone. ``blocked`` maps the UIDs of pods whose release the
+    API server refused for good (and that are still backing off) to why: they stay gated.
     """
     flying = frozenset(in_flight)
     active = active_slice(slices)
@@ -341,7 +352,7 @@ def decide(
             if apply_pod_set_updates
             else (NO_CHANGES, "")
         )
-        report, chosen = _decide_pod_set(name, cap, by_set[name], gate, flying, updates)
+        report, chosen = _decide_pod_set(name, cap, by_set[name], gate, flying, updates, blocked)
         reports.append(report)
         releases.extend(chosen)
     summary = f"active slice {active.name}: releasing {len(releases)}"

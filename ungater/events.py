@@ -33,6 +33,7 @@ __all__ = [
     "PLUGIN_ERROR",
     "PODS_UNMAPPED",
     "RELEASED",
+    "RELEASE_BLOCKED",
     "WARNING",
     "EventClient",
     "EventRecorder",
@@ -48,6 +49,7 @@ RELEASED = "Released"  # Normal: released_message(n, pod_set)
 PODS_UNMAPPED = "PodsUnmapped"  # Warning: pods whose pod set the active slice does not know
 PLUGIN_ERROR = "PluginError"  # Warning: the kind's plugin failed on this owner
 FOREIGN_RELEASE = "ForeignRelease"  # Warning: someone else removed our gate
+RELEASE_BLOCKED = "ReleaseBlocked"  # Warning: the API server refused a release for good
 MAX_MESSAGE = 1024
 KUEUE_GROUP = "kueue.x-k8s.io"
 

@@ -11,11 +11,20 @@ from dataclasses import asdict
 from typing import Any
 
 from ungater.assess import owner_of, pod_facts
+from ungater.blocked import BLOCKED, classify_patch_error, server_message
 from ungater.config import Config
 from ungater.controller import KUEUE_GROUP, StartupError, workload_resource
 from ungater.decision import Decision, active_slice, decide, order_slices
-from ungater.kube import PODS, KubeClient, Resource
-from ungater.model import Kind, ObjectView, WorkloadView, parse_object, parse_pod, parse_workload
+from ungater.kube import PODS, ApiError, KubeClient, Resource
+from ungater.model import (
+    Kind,
+    ObjectView,
+    PodView,
+    WorkloadView,
+    parse_object,
+    parse_pod,
+    parse_workload,
+)
 from ungater.registry import PluginRegistry
 
 __all__ = ["ExplainError", "explain", "render_text"]
@@ -77,12 +86,14 @@ async def explain(
     )
     pods = [parse_pod(p) for p in raw_pods]
     gate = config.gate_for(kc)
+    blocked = await _refused_releases(client, pods, gate)
     decision = decide(
         slices,
         pod_facts(handler, owner, pods, objects, owner_facts),
         gate,
         apply_pod_set_updates=config.apply_pod_set_updates,
         desired=handler.desired_counts(owner_facts) if owner_facts else None,
+        blocked=blocked,
     )
     notes = []
     if config.require_elastic_annotation and not target.elastic:
@@ -98,6 +109,36 @@ async def explain(
         decision=decision,
         notes=notes,
     )
+
+
+#: Dry-run releases explain asks for at most (one request per gated pod).
+MAX_DRY_RUNS = 200
+
+
+async def _refused_releases(
+    client: KubeClient, pods: Sequence[PodView], gate: str
+) -> dict[str, str]:
+    """UID -> why, for the gated live pods whose release the API server would refuse for good
+    now (another admission webhook or policy, RBAC, validation): a dry run of the same
+    ``test`` + ``remove`` the controller sends. Stale-view conflicts are not refusals."""
+    dry_run = getattr(client, "json_patch_dry_run", None)
+    if dry_run is None:
+        return {}
+    out: dict[str, str] = {}
+    candidates = [p for p in pods if p.has_gate(gate) and not p.terminal and not p.deleting]
+    for pod in candidates[:MAX_DRY_RUNS]:
+        i = pod.gates.index(gate)
+        ops = [
+            {"op": "test", "path": f"/spec/schedulingGates/{i}/name", "value": gate},
+            {"op": "remove", "path": f"/spec/schedulingGates/{i}"},
+        ]
+        try:
+            await dry_run(PODS, pod.namespace, pod.name, ops)
+        except ApiError as exc:
+            if classify_patch_error(exc.status, exc.reason, exc.body) == BLOCKED:
+                message = server_message(exc.reason, exc.body)
+                out[pod.uid] = f"release refused by the API server (HTTP {exc.status}): {message}"
+    return out
 
 
 def _as_dict(

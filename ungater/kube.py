@@ -316,6 +316,20 @@ class ApiClientKube:
         )
         return await self._json(resp)
 
+    async def json_patch_dry_run(
+        self, resource: Resource, namespace: str | None, name: str, ops: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """The same patch with ``dryRun=All``: admission (webhooks, policies) and validation
+        run, nothing is stored. ``ungater explain`` asks it whether a release would be refused."""
+        resp = await self._request(
+            "PATCH",
+            resource.path(namespace, name),
+            query=[("dryRun", "All")],
+            body=ops,
+            content_type="application/json-patch+json",
+        )
+        return await self._json(resp)
+
     async def create(
         self, resource: Resource, namespace: str | None, body: dict[str, Any]
     ) -> dict[str, Any]:

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what ``render()`` produces
 QUEUE_NAME = "ungater"  # the ``name`` label of the workqueue_* series (controller-runtime style)
 RECONCILE_RESULTS = ("success", "error", "plugin_error", "requeue")
-PATCH_OUTCOMES = ("released", "conflict", "gone", "error")
+PATCH_OUTCOMES = ("released", "conflict", "gone", "deleting", "blocked", "error")
 # admission to release: a fast path is tens of milliseconds, a slow one a minute or more
 RELEASE_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
 RECONCILE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -104,7 +104,13 @@ class ControllerCollector(Collector):
     @staticmethod
     def _expectations(c: Any) -> Iterable[Metric]:
         exp = getattr(c, "expectations", None)
+        blocked = getattr(c, "blocked", None)
         return (
+            GaugeMetricFamily(
+                "ungater_pods_release_blocked",
+                "Gated pods whose release the API server refused for good, backing off now.",
+                value=_size(blocked) if blocked is not None else 0.0,
+            ),
             GaugeMetricFamily(
                 "ungater_expectations_pending",
                 "Pods patched whose release the cache has not shown yet.",
@@ -208,6 +214,13 @@ class Metrics:
             "Gates removed by someone else: another releaser is at work.",
             registry=r,
         )
+        self.release_blocked = Counter(
+            "ungater_release_blocked_total",
+            "Release patches refused for good (admission webhook or policy, RBAC, validation); "
+            "the pod stays gated and is retried with a long per-pod backoff.",
+            ["kind"],
+            registry=r,
+        )
         self.leader = Gauge(
             "ungater_leader", "1 while this replica holds the leader lease.", registry=r
         )
@@ -253,6 +266,9 @@ class Metrics:
 
     def observe_plugin_error(self, plugin: str) -> None:
         self.plugin_errors.labels(plugin).inc()
+
+    def observe_release_blocked(self, kind: str) -> None:
+        self.release_blocked.labels(kind).inc()
 
     def observe_foreign_release(self) -> None:
         self.foreign_releases.inc()

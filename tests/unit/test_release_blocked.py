@@ -1,0 +1,296 @@
+"""Releases refused for good (admission webhooks, policies, RBAC, validation) and releases that
+land on a pod being deleted: the classification, the per-pod backoff, the decision's part and
+the controller end to end on the in-memory API server."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+import ungater_plugins.job as job_plugin
+
+from tests.fakekube import FakeKube
+from tests.objects import GATE, JOBS, PODS, WORKLOADS, job_pod, ungated, workload
+from tests.polling import eventually, holds_for
+from tests.unit.builders import facts, wl_view
+from ungater.blocked import (
+    BLOCKED,
+    CONFLICT,
+    ERROR,
+    GONE,
+    BlockedReleases,
+    classify_patch_error,
+    server_message,
+)
+from ungater.config import Config
+from ungater.controller import Controller
+from ungater.decision import decide
+from ungater.events import EventRecorder
+from ungater.kube import EVENTS, ApiError
+from ungater.metrics import Metrics
+from ungater.registry import PluginRegistry
+
+NS = "team-a"
+
+# what the real kube-apiserver answered (tests/integration/test_release_blocked.py)
+GENERIC_422 = json.dumps(
+    {
+        "kind": "Status",
+        "status": "Failure",
+        "message": "the server rejected our request due to an error in our request",
+        "reason": "Invalid",
+        "details": {},
+        "code": 422,
+    }
+)
+POLICY_403 = (
+    "pods \"train-0-zfhfr\" is forbidden: ValidatingAdmissionPolicy 'deny' with binding "
+    "'deny' denied request: release refused by policy"
+)
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "body", "want"),
+    [
+        (404, "not found", "", GONE),
+        (409, "the object has been modified", "", CONFLICT),
+        (
+            422,
+            "the server rejected our request due to an error in our request",
+            GENERIC_422,
+            CONFLICT,
+        ),
+        (422, "", GENERIC_422, CONFLICT),
+        (422, "testing value /spec/schedulingGates/0/name failed: test failed", "", CONFLICT),
+        (403, POLICY_403, "", BLOCKED),
+        (403, 'pods "p" is forbidden: User "u" cannot patch resource "pods"', "", BLOCKED),
+        (400, 'admission webhook "deny.example.com" denied the request: no', "", BLOCKED),
+        (422, "ValidatingAdmissionPolicy 'p' with binding 'b' denied request: no", "", BLOCKED),
+        (
+            422,
+            'Pod "p" is invalid: spec: Forbidden: pod updates may not change fields',
+            "",
+            BLOCKED,
+        ),
+        (500, "etcdserver: request timed out", "", ERROR),
+        (429, "too many requests", "", ERROR),
+        (503, "service unavailable", "", ERROR),
+    ],
+)
+def test_classify_patch_error(status: int, message: str, body: str, want: str) -> None:
+    assert classify_patch_error(status, message, body) == want
+
+
+def test_server_message_adds_the_causes() -> None:
+    body = json.dumps(
+        {
+            "message": "admission webhook denied the request",
+            "details": {"causes": [{"message": "gate removal forbidden"}, {"message": ""}]},
+        }
+    )
+    assert server_message("ignored", body) == (
+        "admission webhook denied the request; gate removal forbidden"
+    )
+    assert server_message("plain text", "not json") == "plain text"
+
+
+def test_backoff_doubles_per_pod_up_to_the_ceiling() -> None:
+    now = [100.0]
+    b = BlockedReleases(initial=5, ceiling=60, clock=lambda: now[0])
+    delays = []
+    for _ in range(6):
+        entry = b.record("uid-a", NS, "a", 403, "denied")
+        delays.append(entry.retry_at - now[0])
+    assert delays == [5, 10, 20, 40, 60, 60]
+    assert b.get("uid-a") is not None and b.get("uid-a").failures == 6  # type: ignore[union-attr]
+    b.record("uid-b", NS, "b", 400, "no")
+    assert set(b.waiting()) == {"uid-a", "uid-b"}
+    assert set(b.waiting(["uid-b", "uid-c"])) == {"uid-b"}
+    assert "HTTP 403, 6 times): denied; next try in 60s" in b.waiting()["uid-a"]
+    assert b.next_retry(["uid-a", "uid-b"]) == 5
+    now[0] += 5.0  # b's backoff ran out: it is tried again, a's has not
+    assert set(b.waiting()) == {"uid-a"}
+    assert len(b) == 2 and b.total == 7
+    b.clear("uid-a")
+    assert "uid-a" not in b and b.next_retry(["uid-a"]) is None
+
+
+def test_decision_keeps_a_blocked_pod_gated_and_gives_its_slot_to_the_next() -> None:
+    pods = [facts(f"p{i}", sort_key=(i,)) for i in range(4)]
+    slices = [wl_view(pod_sets={"main": 4}, admitted={"main": 2})]
+    blocked = {pods[0].pod.uid: "release refused by the API server (HTTP 403): no"}
+    d = decide(slices, pods, GATE, blocked=blocked)
+    assert d.released_names == [pods[1].pod.name, pods[2].pod.name]
+    (report,) = d.pod_sets
+    waits = {w.pod: w.reason for w in report.waiting}
+    assert waits[pods[0].pod.name] == blocked[pods[0].pod.uid]
+    assert report.gated == 4  # still gated, and not counted as released
+    # never over the cap, whatever is blocked
+    everything = {p.pod.uid: "no" for p in pods[:3]}
+    assert decide(slices, pods, GATE, blocked=everything).released_names == [pods[3].pod.name]
+    assert decide(slices, pods, GATE).released_names == [pods[0].pod.name, pods[1].pod.name]
+
+
+# -- the controller on the in-memory API server ----------------------------------------------
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def make_config() -> Config:
+    return Config.model_validate(
+        {
+            "kinds": [{"group": "batch", "kind": "Job"}],
+            "expectationsTimeoutSeconds": 2.0,
+            "watch": {"backoffInitialSeconds": 0.01, "backoffMaxSeconds": 0.05},
+        }
+    )
+
+
+@asynccontextmanager
+async def running(fake: FakeKube) -> AsyncIterator[Controller]:
+    registry = PluginRegistry.from_modules({"job": job_plugin})
+    metrics = Metrics()
+    events = EventRecorder(fake, host="test")
+    ctl = Controller(make_config(), fake, registry, metrics=metrics, events=events)
+    metrics.bind(ctl)
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(events.run)
+        tg.start_soon(ctl.run, stop)
+        with anyio.fail_after(5):
+            await ctl.ready.wait()
+        try:
+            yield ctl
+        finally:
+            stop.set()
+            await events.close(1.0)
+
+
+def setup_job(fake: FakeKube, n: int, name: str) -> dict[str, Any]:
+    owner = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
+        "spec": {"parallelism": n, "completionMode": "Indexed"},
+    }
+    fake.put(JOBS, owner)
+    for i in range(n):
+        fake.put(PODS, job_pod(owner, i))
+    return owner
+
+
+def released(fake: FakeKube, job: str) -> list[str]:
+    return sorted(
+        p["metadata"]["name"]
+        for p in ungated(fake.items(PODS, NS))
+        if p["metadata"]["labels"]["batch.kubernetes.io/job-name"] == job
+        and not p["metadata"].get("deletionTimestamp")
+    )
+
+
+def events(fake: FakeKube, reason: str) -> list[dict[str, Any]]:
+    return [e for e in fake.items(EVENTS, NS) if e["reason"] == reason]
+
+
+@pytest.mark.anyio
+async def test_a_refused_release_backs_off_alone_and_says_why() -> None:
+    fake = FakeKube()
+    train = setup_job(fake, 3, "train")
+    other = setup_job(fake, 2, "other")
+    fake.put(WORKLOADS, workload(train, "train-a", count=3, admitted=2))
+    fake.put(WORKLOADS, workload(other, "other-a", count=2, admitted=2))
+    refused = "train-0-x000"
+    attempts: list[str] = []
+
+    def deny(ns: str, name: str) -> None:
+        attempts.append(name)
+        if name == refused:
+            raise ApiError(403, f'pods "{name}" is forbidden: denied by policy no-release')
+
+    fake.before_patch = deny
+    async with running(fake) as ctl:
+        await eventually(
+            lambda: released(fake, "train") == ["train-1-x001", "train-2-x002"],
+            what="the next pods take the refused pod's slot",
+        )
+        await eventually(lambda: released(fake, "other") == ["other-0-x000", "other-1-x001"])
+        await holds_for(lambda: len(released(fake, "train")) == 2, 0.3, what="cap held")
+        assert attempts.count(refused) == 1  # backing off: not retried at once
+        assert ctl.stats.patch_blocked == 1 and ctl.stats.released == 4
+        (entry,) = [
+            ctl.blocked.get(p["metadata"]["uid"])
+            for p in fake.items(PODS, NS)
+            if p["metadata"]["name"] == refused
+        ]
+        assert entry is not None and entry.failures == 1 and entry.status == 403
+        decision = ctl.decisions[next(k for k in ctl.decisions if k.uid == "uid-train")]
+        waits = {w.pod: w.reason for ps in decision.pod_sets for w in ps.waiting}
+        assert "denied by policy no-release" in waits[refused]
+        (ev,) = await eventually(lambda: events(fake, "ReleaseBlocked"), what="the Event")
+        assert ev["type"] == "Warning" and ev["involvedObject"]["name"] == "train-a"
+        assert refused in ev["message"] and "denied by policy no-release" in ev["message"]
+        assert ctl.metrics is not None
+        text = ctl.metrics.render().decode()
+        assert 'ungater_release_blocked_total{kind="Job.batch"} 1.0' in text
+        assert "ungater_pods_release_blocked 1.0" in text
+        assert 'ungater_patches_total{outcome="blocked"} 1.0' in text
+        # the pod goes away: nothing is blocked any more
+        fake.delete(PODS, NS, refused)
+        await eventually(lambda: len(ctl.blocked) == 0, what="the entry cleared")
+
+
+@pytest.mark.anyio
+async def test_a_blocked_pod_is_retried_after_its_backoff_and_then_released() -> None:
+    fake = FakeKube()
+    train = setup_job(fake, 1, "train")
+    fake.put(WORKLOADS, workload(train, "train-a", count=1, admitted=1))
+    denials = [1]
+
+    def deny_once(ns: str, name: str) -> None:
+        if denials[0]:
+            denials[0] -= 1
+            raise ApiError(400, 'admission webhook "x" denied the request')
+
+    fake.before_patch = deny_once
+    async with running(fake) as ctl:
+        ctl.blocked.initial = 0.2
+        await eventually(lambda: released(fake, "train") == ["train-0-x000"], timeout=5)
+        assert ctl.stats.patch_blocked == 1 and len(ctl.blocked) == 0
+
+
+@pytest.mark.anyio
+async def test_a_release_landing_on_a_pod_being_deleted_is_no_release() -> None:
+    fake = FakeKube()
+    train = setup_job(fake, 2, "train")
+    fake.put(WORKLOADS, workload(train, "train-a", count=2, admitted=2))
+    doomed = "train-0-x000"
+
+    def delete_first(ns: str, name: str) -> None:
+        if name == doomed:  # the pod's deletion lands between our view and our patch
+            pod = copy.deepcopy(fake.read(PODS, ns, name))
+            assert pod is not None and not pod["metadata"].get("deletionTimestamp")
+            pod["metadata"]["finalizers"] = ["example.com/keep"]  # terminating, not gone
+            fake.put(PODS, pod)
+            fake.delete(PODS, ns, name)
+
+    fake.before_patch = delete_first
+    async with running(fake) as ctl:
+        await eventually(lambda: released(fake, "train") == ["train-1-x001"])
+        await eventually(lambda: ctl.stats.released_deleting == 1)
+        await holds_for(lambda: ctl.stats.released == 1, 0.3)
+        assert ctl.stats.foreign_releases == 0  # it was our patch, not someone else's
+        assert ctl.metrics is not None
+        text = ctl.metrics.render().decode()
+        assert 'ungater_pods_released_total{kind="Job.batch",pod_set="main"} 1.0' in text
+        assert 'ungater_patches_total{outcome="deleting"} 1.0' in text
+        (ev,) = await eventually(lambda: events(fake, "Released"))
+        assert ev["message"] == "released 1 pod of pod set main"
+        assert not events(fake, "ForeignRelease")
