@@ -60,7 +60,7 @@ def _build(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     from ungater.devcluster.detached import dev_cluster_up
 
-    return dev_cluster_up(args.state_dir)
+    return dev_cluster_up(args.state_dir, peers=not args.no_peers)
 
 
 def _down(args: argparse.Namespace) -> int:
@@ -93,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument(
             "--state-dir", type=Path, default=None, help="default ~/.cache/ungater/dev-cluster"
         )
+        if name == "up":
+            p.add_argument(
+                "--no-peers",
+                action="store_true",
+                help="leave out Kueue, the KubeRay operator and the JobSet controller",
+            )
         p.set_defaults(func=func)
     args = parser.parse_args(argv)
     result: int = args.func(args)

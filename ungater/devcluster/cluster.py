@@ -28,9 +28,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ungater.devcluster.build import Binaries, ensure_binaries, ensure_crds
+
+if TYPE_CHECKING:
+    from ungater.devcluster.peers import Peers
 
 __all__ = [
     "DEFAULT_CONTROLLERS",
@@ -194,8 +197,17 @@ class LocalControlPlane:
         startup_timeout: float = 90.0,
         detached: bool = False,
         extra_apiserver_args: Sequence[str] = (),
+        peers: Sequence[str] | bool = False,
+        peer_options: dict[str, Any] | None = None,
     ) -> None:
+        from ungater.devcluster.peers import PEER_NAMES
+
         self._binaries = binaries
+        self._peer_names: tuple[str, ...] = (
+            PEER_NAMES if peers is True else tuple(peers) if peers else ()
+        )
+        self._peer_options = dict(peer_options or {})
+        self.peers: Peers | None = None
         self._owns_state_dir = state_dir is None
         self._given_state_dir = state_dir
         self._temp_state_dir: Path | None = None
@@ -313,6 +325,11 @@ class LocalControlPlane:
             if self._controllers:
                 self._start_controller_manager(binaries)
             self.install_crds(crds)
+            if self._peer_names:
+                from ungater.devcluster.peers import Peers
+
+                self.peers = Peers(self, self._peer_names, **self._peer_options)
+                self.peers.start()
         except BaseException:
             self._keep_state_dir = True  # keep the logs that the error message points at
             self.stop()
@@ -387,7 +404,19 @@ class LocalControlPlane:
         )
         pki.write_service_account_keys(self.pki_dir)
 
-    def _spawn(self, name: str, args: list[str]) -> ProcessInfo:
+    def spawn(
+        self, name: str, args: list[str], *, env: dict[str, str] | None = None
+    ) -> ProcessInfo:
+        """Start a process whose lifetime is the control plane's (stopped by pid with it)."""
+        return self._spawn(name, args, env=env)
+
+    def wait_for(self, name: str, check: Callable[[], bool], what: str) -> None:
+        """Poll ``check`` until true, failing if process ``name`` exits or time runs out."""
+        self._wait_for(name, check, what)
+
+    def _spawn(
+        self, name: str, args: list[str], *, env: dict[str, str] | None = None
+    ) -> ProcessInfo:
         log_path = self.logs_dir / f"{name}.log"
         log = log_path.open("ab")
         log.write(f"\n==== {time.strftime('%H:%M:%S')} {' '.join(args)}\n".encode())
@@ -399,6 +428,7 @@ class LocalControlPlane:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self._state_dir,
+                env={**os.environ, **env} if env else None,
                 start_new_session=True,  # Ctrl-C in the test runner must not reach them
                 preexec_fn=None if self._detached else _parent_death_signal(),
                 close_fds=True,

@@ -81,6 +81,7 @@ def _usage(directory: Path, record: dict[str, Any]) -> str:
     kubeconfig = directory / "kubeconfig"
     lines = [
         f"kube-apiserver {record.get('kubernetes_version', '')} at {record.get('server_url')}",
+        "peers: " + (", ".join(record.get("peers") or ()) or "none"),
         f"state and logs: {directory}",
         "use it with:",
         f"  export KUBECONFIG={kubeconfig}",
@@ -91,8 +92,12 @@ def _usage(directory: Path, record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def dev_cluster_up(state_dir: Path | None = None) -> int:
-    """Start a detached dev cluster (or report the running one); returns an exit code."""
+def dev_cluster_up(state_dir: Path | None = None, *, peers: bool = True) -> int:
+    """Start a detached dev cluster (or report the running one); returns an exit code.
+
+    With ``peers`` (the default) the real Kueue, KubeRay operator and JobSet controller run
+    in it too, and a ResourceFlavor ``default-flavor`` exists.
+    """
     from ungater.devcluster.build import ControlPlaneUnavailable
     from ungater.devcluster.cluster import ControlPlaneStartError, LocalControlPlane
 
@@ -108,16 +113,20 @@ def dev_cluster_up(state_dir: Path | None = None) -> int:
         dev_cluster_down(directory, quiet=True)
     # A stopped cluster's state is stale (new ports, new certificates): start from scratch.
     if directory.exists():
-        for child in ("etcd", "pki", "users", "logs", _PIDS, "kubeconfig"):
+        for child in ("etcd", "pki", "users", "logs", "peers", _PIDS, "kubeconfig"):
             target = directory / child
             if target.is_dir():
                 shutil.rmtree(target, ignore_errors=True)
             else:
                 target.unlink(missing_ok=True)
     directory.mkdir(parents=True, exist_ok=True)
-    plane = LocalControlPlane(state_dir=directory, detached=True)
+    plane = LocalControlPlane(state_dir=directory, detached=True, peers=peers)
     try:
         plane.start()
+        if peers:
+            from ungater.devcluster.peers import create_default_flavor
+
+            create_default_flavor(plane)
     except (ControlPlaneUnavailable, ControlPlaneStartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         print(f"logs: {directory / 'logs'}", file=sys.stderr)
@@ -127,6 +136,7 @@ def dev_cluster_up(state_dir: Path | None = None) -> int:
         "apiserver_port": plane.apiserver_port,
         "etcd_url": plane.etcd_url,
         "kubernetes_version": plane.binaries.kubernetes_version,
+        "peers": list(plane.peers.names) if plane.peers is not None else [],
         "processes": {
             name: {"pid": info.pid, "args": info.args, "log": str(info.log_path)}
             for name, info in plane.processes.items()

@@ -25,8 +25,11 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 __all__ = [
     "CertificateAuthority",
     "IssuedCert",
+    "WebhookAuthority",
+    "WebhookCertificates",
     "write_kubeconfig",
     "write_service_account_keys",
+    "write_token_kubeconfig",
 ]
 
 _VALIDITY = datetime.timedelta(days=7)
@@ -238,6 +241,139 @@ def write_kubeconfig(
     }
     import yaml  # a project dependency; imported here to keep module import cheap
 
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        yaml.safe_dump(config, handle, sort_keys=False)
+    return path
+
+
+@dataclass(frozen=True)
+class WebhookCertificates:
+    """PEM material of a webhook server: its CA (RSA, PKCS#1) and its serving pair."""
+
+    ca_cert: bytes
+    ca_key: bytes
+    cert: bytes
+    key: bytes
+
+
+def _rsa_pkcs1(key: rsa.RSAPrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption(),
+    )
+
+
+class WebhookAuthority:
+    """A CA for the peers' webhook servers, shaped as cert-controller's rotator accepts it.
+
+    Kueue with internal certificate management (its default) adopts the certificates it finds
+    in its Secret only if the CA is RSA in PKCS#1, names itself in a DNS SAN and, like the
+    serving certificate, is still valid 90 days from now; otherwise it makes its own (for a
+    Service DNS name only, which the API server cannot reach here).  Hence RSA and ~1 year,
+    unlike the 7-day EC certificates of the control plane itself.
+    """
+
+    def __init__(self, name: str = "kueue-ca", validity_days: int = 400) -> None:
+        self._validity = datetime.timedelta(days=validity_days)
+        self._key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        subject = x509.Name(
+            [
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "ungater-devcluster"),
+                x509.NameAttribute(NameOID.COMMON_NAME, name),
+            ]
+        )
+        now = datetime.datetime.now(datetime.UTC)
+        self._cert = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(subject)
+            .public_key(self._key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - _BACKDATE)
+            .not_valid_after(now + self._validity + datetime.timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=True,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+            .sign(self._key, hashes.SHA256())
+        )
+
+    @property
+    def ca_pem(self) -> bytes:
+        return self._cert.public_bytes(serialization.Encoding.PEM)
+
+    def serve(
+        self, dns_names: Sequence[str], ip_addresses: Sequence[str] = ("127.0.0.1",)
+    ) -> WebhookCertificates:
+        """A serving certificate for the given names (and loopback), signed by this CA."""
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        now = datetime.datetime.now(datetime.UTC)
+        sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
+        sans.extend(x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])]))
+            .issuer_name(self._cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - _BACKDATE)
+            .not_valid_after(now + self._validity)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            .sign(self._key, hashes.SHA256())
+        )
+        return WebhookCertificates(
+            ca_cert=self.ca_pem,
+            ca_key=_rsa_pkcs1(self._key),
+            cert=cert.public_bytes(serialization.Encoding.PEM),
+            key=_rsa_pkcs1(key),
+        )
+
+    def write(self, certs: WebhookCertificates, directory: Path) -> Path:
+        """``tls.crt``, ``tls.key`` and ``ca.crt`` in ``directory`` (a manager's cert dir)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "tls.crt").write_bytes(certs.cert)
+        _write_private(directory / "tls.key", certs.key)
+        (directory / "ca.crt").write_bytes(certs.ca_cert)
+        return directory
+
+
+def write_token_kubeconfig(
+    path: Path, *, server: str, ca_path: Path, token: str, user: str
+) -> Path:
+    """A kubeconfig authenticating with a bearer token (a service account's)."""
+    import yaml
+
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "ungater-devcluster",
+                "cluster": {"server": server, "certificate-authority-data": _b64(ca_path)},
+            }
+        ],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": user, "context": {"cluster": "ungater-devcluster", "user": user}}],
+        "current-context": user,
+        "preferences": {},
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:

@@ -24,7 +24,7 @@ import pytest
 if TYPE_CHECKING:
     from ungater.devcluster.cluster import LocalControlPlane
 
-__all__ = ["control_plane", "kube_namespace"]
+__all__ = ["control_plane", "kube_namespace", "kueue_cluster", "kueue_namespace"]
 
 _HOW_TO_GET = (
     "build the binaries once with `python -m ungater.devcluster build` "
@@ -46,6 +46,17 @@ def _unavailable(reason: str) -> NoReturn:
 @pytest.fixture(scope="session")
 def control_plane(request: pytest.FixtureRequest) -> Iterator[LocalControlPlane]:
     """A started etcd + kube-apiserver + kube-controller-manager with the CRDs installed."""
+    yield from _started_plane(request, peers=False)
+
+
+@pytest.fixture(scope="session")
+def kueue_cluster(request: pytest.FixtureRequest) -> Iterator[LocalControlPlane]:
+    """A second control plane of its own, running the real Kueue, KubeRay operator and JobSet
+    controller (``plane.peers``); a ResourceFlavor ``default-flavor`` exists."""
+    yield from _started_plane(request, peers=True)
+
+
+def _started_plane(request: pytest.FixtureRequest, *, peers: bool) -> Iterator[LocalControlPlane]:
     mode = os.environ.get("UNGATER_CONTROL_PLANE", "").strip().lower()
     if mode == "skip" and not _in_ci():
         pytest.skip(f"UNGATER_CONTROL_PLANE=skip; {_HOW_TO_GET}")
@@ -60,17 +71,17 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[LocalControlPlane]
         _unavailable(f"cannot import the control plane ({missing}); install ungater[devcluster]")
 
     reason: str | None = None
+    capture: Any = request.config.pluginmanager.getplugin("capturemanager")
+    reporter: Any = request.config.pluginmanager.getplugin("terminalreporter")
+
+    def say(message: str) -> None:
+        if reporter is not None:
+            reporter.write_line(f"[ungater control plane] {message}")
+
     binaries = find_binaries()
     if binaries is None and mode == "reuse" and not _in_ci():
         _unavailable("UNGATER_CONTROL_PLANE=reuse and no cached build")
     if binaries is None:
-        capture: Any = request.config.pluginmanager.getplugin("capturemanager")
-        reporter: Any = request.config.pluginmanager.getplugin("terminalreporter")
-
-        def say(message: str) -> None:
-            if reporter is not None:
-                reporter.write_line(f"[ungater control plane] {message}")
-
         try:
             if capture is not None:
                 with capture.global_and_fixture_disabled():
@@ -82,7 +93,25 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[LocalControlPlane]
     if binaries is None:
         _unavailable(reason or "no binaries")
 
-    plane = LocalControlPlane(binaries)
+    peer_options: dict[str, Any] = {}
+    if peers:
+        from ungater.devcluster.peerbuild import PeersUnavailable, ensure_peers, find_peers
+
+        found = find_peers()
+        if found is None and mode == "reuse" and not _in_ci():
+            _unavailable("UNGATER_CONTROL_PLANE=reuse and no cached build of the peers")
+        if found is None:
+            try:
+                if capture is not None:
+                    with capture.global_and_fixture_disabled():
+                        found = ensure_peers(log=say)
+                else:
+                    found = ensure_peers(log=say)
+            except PeersUnavailable as exc:
+                _unavailable(str(exc))
+        peer_options["binaries"] = found
+
+    plane = LocalControlPlane(binaries, peers=peers, peer_options=peer_options)
     failure: str | None = None
     try:
         plane.start()
@@ -94,6 +123,10 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[LocalControlPlane]
         _unavailable(reason)
     if failure is not None:
         pytest.fail(f"local control plane did not start: {failure}", pytrace=False)
+    if peers:
+        from ungater.devcluster.peers import create_default_flavor
+
+        create_default_flavor(plane)
     _ACTIVE.append(plane)
     try:
         yield plane
@@ -126,6 +159,39 @@ def kube_namespace(
         control_plane.request("DELETE", f"/api/v1/namespaces/{name}")
 
 
+@pytest.fixture
+def kueue_namespace(
+    kueue_cluster: LocalControlPlane, request: pytest.FixtureRequest
+) -> Iterator[str]:
+    """A fresh namespace on the Kueue cluster with a LocalQueue ``user-queue`` pointing at a
+    ClusterQueue of its own (6 CPUs of ``default-flavor`` unless the test is marked
+    ``@pytest.mark.kueue_quota(cpu=N)``); all three are deleted afterwards."""
+    from ungater.devcluster.peers import create_queues, delete_queues
+
+    marker = request.node.get_closest_marker("kueue_quota")
+    cpu = int(marker.kwargs.get("cpu", 6)) if marker is not None else 6
+    name = _namespace_name(request.node.name)
+    status, body = kueue_cluster.request(
+        "POST",
+        "/api/v1/namespaces",
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
+    )
+    if status != 201:
+        pytest.fail(f"creating namespace {name}: HTTP {status}: {body}", pytrace=False)
+    try:
+        create_queues(kueue_cluster, name, cluster_queue=f"cq-{name}", cpu=cpu)
+        yield name
+    finally:
+        kueue_cluster.request("DELETE", f"/api/v1/namespaces/{name}")
+        delete_queues(kueue_cluster, name, cluster_queue=f"cq-{name}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "kueue_quota(cpu=N): the CPU quota of kueue_namespace's ClusterQueue"
+    )
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
@@ -133,7 +199,8 @@ def pytest_runtest_makereport(
     """Point a failed test that used the control plane at the process logs."""
     outcome = yield
     report = outcome.get_result()
-    if report.failed and _ACTIVE and "control_plane" in getattr(item, "fixturenames", ()):
+    names = getattr(item, "fixturenames", ())
+    if report.failed and _ACTIVE and ("control_plane" in names or "kueue_cluster" in names):
         report.sections.append(
             ("ungater control plane logs", "\n".join(p.describe_failure() for p in _ACTIVE))
         )

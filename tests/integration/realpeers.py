@@ -1,0 +1,290 @@
+"""Helpers for the tests on the real peers (Kueue, the KubeRay operator, the JobSet controller).
+
+:class:`SliceWatch` records every event of the namespace's pods, Workloads and owners, then
+replays them in resourceVersion order (one etcd: one order) and checks, at every moment ungater
+released a pod, that the live pods without ungater's gate are within the active slice's cap and
+the owner's own size.  It also counts, at the end of each step, what each releaser released:
+ungater's gate (``UNGATER_GATE``, put in the templates by the tests) and Kueue's own
+``kueue.x-k8s.io/elastic-job``, which the real Kueue v0.17.0 removes itself from every pod of an
+admitted slice.  The two counts side by side are the differential record.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from tests.integration.k8s import Kube
+from tests.objects import PODS, WORKLOADS, gates_of
+from ungater.kube import Resource
+
+UNGATER_GATE = "example.com/ungater"
+KUEUE_GATE = "kueue.x-k8s.io/elastic-job"
+SLICE_NAME = "kueue.x-k8s.io/workload-slice-name"
+REPLACES = "kueue.x-k8s.io/workload-slice-replacement-for"
+
+#: owner kind -> (resource, desired size per pod set of the raw object)
+SizeOf = Callable[[dict[str, Any]], dict[str, int]]
+
+
+def is_live(pod: dict[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed") and not pod[
+        "metadata"
+    ].get("deletionTimestamp")
+
+
+def released_by(pods: list[dict[str, Any]], gate: str) -> list[dict[str, Any]]:
+    return [p for p in pods if is_live(p) and gate not in gates_of(p)]
+
+
+def _cond(obj: dict[str, Any], kind: str) -> bool:
+    return any(
+        c.get("type") == kind and c.get("status") == "True"
+        for c in (obj.get("status") or {}).get("conditions") or ()
+    )
+
+
+def slice_caps(workload: dict[str, Any]) -> dict[str, int]:
+    """Per pod set: min(spec count, admitted count) of one admitted slice."""
+    spec = {p.get("name", "main"): int(p.get("count", 0)) for p in workload["spec"]["podSets"]}
+    admission = (workload.get("status") or {}).get("admission") or {}
+    caps: dict[str, int] = {}
+    for a in admission.get("podSetAssignments") or ():
+        name = a.get("name", "main")
+        caps[name] = min(spec.get(name, 0), int(a.get("count", spec.get(name, 0))))
+    return caps
+
+
+def chain_cap(workloads: list[dict[str, Any]], owner_uid: str) -> dict[str, int] | None:
+    """The caps of the owner's newest admitted, unevicted slice (finished by replacement or not:
+    between Kueue finishing the old slice and admitting the new one, the released pods are still
+    the old slice's); ``None`` when there is none."""
+    mine = [
+        w
+        for w in workloads
+        if any(
+            r.get("controller") and r.get("uid") == owner_uid
+            for r in w["metadata"].get("ownerReferences") or ()
+        )
+    ]
+    admitted = [
+        w
+        for w in mine
+        if _cond(w, "Admitted")
+        and not _cond(w, "Evicted")
+        and not (
+            _cond(w, "Finished")
+            and not any(
+                c.get("type") == "Finished" and c.get("reason") == "WorkloadSliceReplaced"
+                for c in (w.get("status") or {}).get("conditions") or ()
+            )
+        )
+    ]
+    if not admitted:
+        return None
+    newest = max(
+        admitted,
+        key=lambda w: (w["metadata"]["creationTimestamp"], int(w["metadata"]["resourceVersion"])),
+    )
+    return slice_caps(newest)
+
+
+@dataclass
+class Event:
+    rv: int
+    resource: str  # "pod", "workload", "owner"
+    kind: str  # ADDED, MODIFIED, DELETED
+    obj: dict[str, Any]
+
+
+@dataclass
+class StepRecord:
+    step: str
+    admitted: dict[str, int]
+    ungater: dict[str, int]
+    kueue: dict[str, int]
+    seconds: float
+
+    def line(self) -> str:
+        same = "same" if self.ungater == self.kueue else "DIFFER"
+        return (
+            f"{self.step}: admitted {self.admitted}, ungater released {self.ungater}, "
+            f"Kueue released {self.kueue} ({same}) in {self.seconds:.1f}s"
+        )
+
+
+@dataclass
+class SliceWatch:
+    kube: Kube
+    ns: str
+    owner_res: Resource
+    owner_uid: str
+    size_of: SizeOf
+    pod_set_of: Callable[[dict[str, Any]], str]
+    owner_of_pod: Callable[[dict[str, Any]], str]
+    events: list[Event] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+    synced: anyio.Event = field(default_factory=anyio.Event)
+    _started: dict[str, int] = field(default_factory=dict)
+
+    async def _watch(self, res: Resource, name: str) -> None:
+        items, rv = await self.kube.client.list_objects(res, self.ns, "")
+        for obj in items:
+            self.events.append(Event(int(obj["metadata"]["resourceVersion"]), name, "ADDED", obj))
+        self._started[name] = 1
+        if len(self._started) == 3:
+            self.synced.set()
+        for _ in range(1000):
+            try:
+                async for ev in self.kube.client.watch(res, self.ns, rv, "", 60, 120):
+                    obj = ev["object"]
+                    rv = obj["metadata"]["resourceVersion"]
+                    if ev["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                        self.events.append(Event(int(rv), name, ev["type"], obj))
+            except Exception:
+                await anyio.sleep(0.2)
+
+    # ------------------------------------------------------------------ replay
+    def replay(self) -> tuple[list[str], dict[str, dict[str, Any]], list[dict[str, Any]]]:
+        """All events in resourceVersion order; the violations at release moments, and the
+        final state (pods by uid, workloads)."""
+        pods: dict[str, dict[str, Any]] = {}
+        workloads: dict[str, dict[str, Any]] = {}
+        owner: dict[str, Any] | None = None
+        violations: list[str] = []
+        seen: set[tuple[int, str]] = set()
+        for ev in sorted(self.events, key=lambda e: e.rv):
+            uid = ev.obj["metadata"]["uid"]
+            if (ev.rv, uid) in seen:
+                continue
+            seen.add((ev.rv, uid))
+            if ev.resource == "owner":
+                if uid == self.owner_uid:
+                    owner = None if ev.kind == "DELETED" else ev.obj
+                continue
+            if ev.resource == "workload":
+                if ev.kind == "DELETED":
+                    workloads.pop(uid, None)
+                else:
+                    workloads[uid] = ev.obj
+                continue
+            if self.owner_of_pod(ev.obj) != self.owner_uid:
+                continue
+            before = pods.get(uid)
+            if ev.kind == "DELETED":
+                pods.pop(uid, None)
+                continue
+            pods[uid] = ev.obj
+            was_gated = before is None or UNGATER_GATE in gates_of(before)
+            if not (was_gated and UNGATER_GATE not in gates_of(ev.obj) and is_live(ev.obj)):
+                continue
+            # ungater released this pod at this resourceVersion: check the bounds
+            pod_set = self.pod_set_of(ev.obj)
+            live = [p for p in released_by(list(pods.values()), UNGATER_GATE)]
+            n = sum(1 for p in live if self.pod_set_of(p) == pod_set)
+            caps = chain_cap(list(workloads.values()), self.owner_uid) or {}
+            size = self.size_of(owner).get(pod_set, 0) if owner is not None else 0
+            limit = min(caps.get(pod_set, 0), size)
+            if n > limit:
+                violations.append(
+                    f"rv {ev.rv}: released {ev.obj['metadata']['name']} -> {n} live released "
+                    f"in {pod_set} > min(cap {caps.get(pod_set, 0)}, owner size {size})"
+                )
+        return violations, pods, list(workloads.values())
+
+    # ------------------------------------------------------------------ steps
+    async def counts(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+        """Now, from a fresh list: (admitted = min(cap, size), ungater's, Kueue's released)."""
+        pods = [
+            p for p in await self.kube.list(PODS, self.ns) if self.owner_of_pod(p) == self.owner_uid
+        ]
+        workloads = await self.kube.list(WORKLOADS, self.ns)
+        owner = await self.kube.get(self.owner_res, self.ns, self._owner_name(pods, workloads))
+        caps = chain_cap(workloads, self.owner_uid) or {}
+        sizes = self.size_of(owner) if owner is not None else {}
+        admitted = {ps: min(caps.get(ps, 0), n) for ps, n in sizes.items()}
+        ours: dict[str, int] = {ps: 0 for ps in sizes}
+        theirs: dict[str, int] = {ps: 0 for ps in sizes}
+        for p in released_by(pods, UNGATER_GATE):
+            ours[self.pod_set_of(p)] = ours.get(self.pod_set_of(p), 0) + 1
+        for p in released_by(pods, KUEUE_GATE):
+            theirs[self.pod_set_of(p)] = theirs.get(self.pod_set_of(p), 0) + 1
+        return admitted, ours, theirs
+
+    owner_name: str = ""
+
+    def _owner_name(self, pods: list[dict[str, Any]], workloads: list[dict[str, Any]]) -> str:
+        return self.owner_name
+
+    async def settle(
+        self, step: str, *, timeout: float = 60, expect: dict[str, int] | None = None
+    ) -> StepRecord:
+        """Wait until ungater's released count equals what is admitted (and ``expect`` if
+        given) and stays so for a moment; record the step with Kueue's count beside it."""
+        started = time.monotonic()
+        deadline = started + timeout
+        stable_since: float | None = None
+        last: tuple[dict[str, int], dict[str, int], dict[str, int]] = ({}, {}, {})
+        for _ in range(int(timeout / 0.1) + 10):
+            last = await self.counts()
+            admitted, ours, _ = last
+            good = ours == admitted and (expect is None or admitted == expect)
+            now = time.monotonic()
+            if good:
+                stable_since = stable_since or now
+                if now - stable_since >= 1.0:
+                    break
+            else:
+                stable_since = None
+            if now > deadline:
+                raise AssertionError(
+                    f"step {step!r}: admitted {admitted} (expected {expect}), ungater released "
+                    f"{ours}, Kueue released {last[2]} after {timeout}s"
+                )
+            await anyio.sleep(0.1)
+        admitted, ours, theirs = last
+        record = StepRecord(step, admitted, ours, theirs, time.monotonic() - started - 1.0)
+        self.steps.append(record)
+        print(record.line())
+        return record
+
+
+@asynccontextmanager
+async def slice_watch(
+    kube: Kube,
+    ns: str,
+    owner_res: Resource,
+    owner: dict[str, Any],
+    *,
+    size_of: SizeOf,
+    pod_set_of: Callable[[dict[str, Any]], str],
+    owner_of_pod: Callable[[dict[str, Any]], str],
+) -> AsyncIterator[SliceWatch]:
+    watch = SliceWatch(
+        kube,
+        ns,
+        owner_res,
+        owner["metadata"]["uid"],
+        size_of,
+        pod_set_of,
+        owner_of_pod,
+        owner_name=owner["metadata"]["name"],
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch._watch, PODS, "pod")
+        tg.start_soon(watch._watch, WORKLOADS, "workload")
+        tg.start_soon(watch._watch, owner_res, "owner")
+        with anyio.fail_after(15):
+            await watch.synced.wait()
+        try:
+            yield watch
+        finally:
+            await anyio.sleep(0.5)
+            tg.cancel_scope.cancel()
+    violations, _, _ = watch.replay()
+    assert not violations, violations
