@@ -133,6 +133,22 @@ def test_helm_lint_passes_and_rejects_unsafe_values(helm: Path) -> None:
             {"rbac": {"scope": "namespaced"}},
             "rbac.scope=namespaced needs config.namespaces",
         ),
+        "a renew deadline not below the lease duration": (
+            {
+                "config": {
+                    "leaderElection": {"leaseDurationSeconds": 10, "renewDeadlineSeconds": 10}
+                }
+            },
+            "must be less than leaseDurationSeconds",
+        ),
+        "a renew deadline within 1.2 retries": (
+            {"config": {"leaderElection": {"renewDeadlineSeconds": 2.4, "retryPeriodSeconds": 2}}},
+            "must exceed 1.2 x retryPeriodSeconds",
+        ),
+        "a loopback server address the probes cannot reach": (
+            {"config": {"server": {"address": "127.0.0.1:8080"}}},
+            "is a loopback address",
+        ),
         "a server address without a port": (
             {"config": {"server": {"address": "localhost"}}},
             "/config/server/address",

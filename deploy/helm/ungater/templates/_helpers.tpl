@@ -119,6 +119,22 @@ deployment that would run two releasers at once (replicas > 1 without leader ele
 {{- if and (gt (int .Values.replicaCount) 1) (not $le.enabled) -}}
 {{- fail "replicaCount > 1 needs config.leaderElection.enabled: two active replicas would both release the same gate and break the cap" -}}
 {{- end -}}
+{{- if $le.enabled -}}
+{{- $duration := $le.leaseDurationSeconds | default 15 | float64 -}}
+{{- $renew := $le.renewDeadlineSeconds | default 10 | float64 -}}
+{{- $retry := $le.retryPeriodSeconds | default 2 | float64 -}}
+{{- if ge $renew $duration -}}
+{{- fail (printf "config.leaderElection.renewDeadlineSeconds (%v) must be less than leaseDurationSeconds (%v): a leader must stop before its Lease can expire" $renew $duration) -}}
+{{- end -}}
+{{- if le $renew (mulf 1.2 $retry) -}}
+{{- fail (printf "config.leaderElection.renewDeadlineSeconds (%v) must exceed 1.2 x retryPeriodSeconds (%v), or one slow retry loses the Lease" $renew $retry) -}}
+{{- end -}}
+{{- end -}}
+{{- $server := get $config "server" | default dict -}}
+{{- $host := regexReplaceAll ":[0-9]*$" ($server.address | default ":8080" | toString) "" | trimAll "[]" | lower -}}
+{{- if or (eq $host "localhost") (eq $host "::1") (hasPrefix "127." $host) -}}
+{{- fail (printf "config.server.address %q is a loopback address: the kubelet's probes and Prometheus cannot reach it in a pod; use \":8080\"" $server.address) -}}
+{{- end -}}
 {{- if hasKey $config "leaderElection" -}}
 {{- $_ := set $le "namespace" (include "ungater.leaseNamespace" .) -}}
 {{- $_ := set $le "leaseName" (include "ungater.leaseName" .) -}}
