@@ -165,3 +165,13 @@ async def finish(
 
 async def evict(kube: Kube, ns: str, name: str) -> dict[str, Any]:
     return await set_conditions(kube, ns, name, _cond("Evicted", "True", "Preempted"))
+
+
+@pytest.fixture
+async def kueue_kube(kueue_cluster: Any) -> AsyncIterator[Kube]:
+    """An admin client on the control plane that runs the real Kueue, KubeRay and JobSet."""
+    k = await Kube.connect(kueue_cluster.kubeconfig_path)
+    try:
+        yield k
+    finally:
+        await k.close()

@@ -42,6 +42,18 @@ def released_by(pods: list[dict[str, Any]], gate: str) -> list[dict[str, Any]]:
     return [p for p in pods if is_live(p) and gate not in gates_of(p)]
 
 
+def controller_uid(pod: dict[str, Any]) -> str:
+    for ref in pod["metadata"].get("ownerReferences") or ():
+        if ref.get("controller"):
+            return str(ref["uid"])
+    return ""
+
+
+def kueue_pod_set(pod: dict[str, Any]) -> str:
+    """The pod set Kueue stamped on the pod's template."""
+    return str(pod["metadata"].get("labels", {}).get("kueue.x-k8s.io/podset", ""))
+
+
 def _cond(obj: dict[str, Any], kind: str) -> bool:
     return any(
         c.get("type") == kind and c.get("status") == "True"
@@ -131,6 +143,7 @@ class SliceWatch:
     steps: list[StepRecord] = field(default_factory=list)
     synced: anyio.Event = field(default_factory=anyio.Event)
     _started: dict[str, int] = field(default_factory=dict)
+    owner_name: str = ""
 
     async def _watch(self, res: Resource, name: str) -> None:
         items, rv = await self.kube.client.list_objects(res, self.ns, "")
@@ -204,7 +217,7 @@ class SliceWatch:
             p for p in await self.kube.list(PODS, self.ns) if self.owner_of_pod(p) == self.owner_uid
         ]
         workloads = await self.kube.list(WORKLOADS, self.ns)
-        owner = await self.kube.get(self.owner_res, self.ns, self._owner_name(pods, workloads))
+        owner = await self.kube.get(self.owner_res, self.ns, self.owner_name)
         caps = chain_cap(workloads, self.owner_uid) or {}
         sizes = self.size_of(owner) if owner is not None else {}
         admitted = {ps: min(caps.get(ps, 0), n) for ps, n in sizes.items()}
@@ -215,11 +228,6 @@ class SliceWatch:
         for p in released_by(pods, KUEUE_GATE):
             theirs[self.pod_set_of(p)] = theirs.get(self.pod_set_of(p), 0) + 1
         return admitted, ours, theirs
-
-    owner_name: str = ""
-
-    def _owner_name(self, pods: list[dict[str, Any]], workloads: list[dict[str, Any]]) -> str:
-        return self.owner_name
 
     async def settle(
         self, step: str, *, timeout: float = 60, expect: dict[str, int] | None = None

@@ -15,20 +15,17 @@ import pytest
 
 from tests.integration.conftest import config_for, running_controller
 from tests.integration.k8s import Kube
-from tests.integration.realpeers import KUEUE_GATE, UNGATER_GATE, released_by, slice_watch
+from tests.integration.realpeers import (
+    KUEUE_GATE,
+    UNGATER_GATE,
+    controller_uid,
+    released_by,
+    slice_watch,
+)
 from tests.objects import JOBS, PODS, WORKLOADS, gates_of
 from tests.polling import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
-
-
-@pytest.fixture
-async def kkube(kueue_cluster: Any) -> Any:
-    k = await Kube.connect(kueue_cluster.kubeconfig_path)
-    try:
-        yield k
-    finally:
-        await k.close()
 
 
 def elastic_job(name: str, parallelism: int, completions: int | None = None) -> dict[str, Any]:
@@ -70,13 +67,6 @@ def job_size(job: dict[str, Any]) -> dict[str, int]:
     return {"main": min(int(spec.get("parallelism", 1)), int(spec.get("completions", 1)))}
 
 
-def controller_uid(pod: dict[str, Any]) -> str:
-    for ref in pod["metadata"].get("ownerReferences") or ():
-        if ref.get("controller"):
-            return str(ref["uid"])
-    return ""
-
-
 async def pods_of(kube: Kube, ns: str, job: dict[str, Any]) -> list[dict[str, Any]]:
     sel = f"batch.kubernetes.io/controller-uid={job['metadata']['uid']}"
     return [p for p in await kube.list(PODS, ns, sel) if not p["metadata"].get("deletionTimestamp")]
@@ -112,39 +102,43 @@ def watch(kube: Kube, ns: str, job: dict[str, Any]) -> Any:
 
 @pytest.mark.kueue_quota(cpu=6)
 async def test_elastic_job_scales_within_the_real_quota(
-    kueue_cluster: Any, kkube: Kube, kueue_namespace: str
+    kueue_cluster: Any, kueue_kube: Kube, kueue_namespace: str
 ) -> None:
     ns = kueue_namespace
     config = config_for(ns, gate=UNGATER_GATE)
     async with running_controller(kueue_cluster.kubeconfig_path, config):
-        job = await kkube.create(JOBS, ns, elastic_job("train", 2))
+        job = await kueue_kube.create(JOBS, ns, elastic_job("train", 2))
         assert job["spec"]["suspend"] is True, "Kueue's webhook suspends a queued Job"
         gates = [g["name"] for g in job["spec"]["template"]["spec"]["schedulingGates"]]
         assert gates == [UNGATER_GATE, KUEUE_GATE], "Kueue's webhook adds its gate"
-        async with watch(kkube, ns, job) as w:
+        async with watch(kueue_kube, ns, job) as w:
             await w.settle("admitted 2", expect={"main": 2})
-            assert await ours(kkube, ns, job) == [0, 1]
+            assert await ours(kueue_kube, ns, job) == [0, 1]
 
-            await scale(kkube, ns, "train", 4)
+            await scale(kueue_kube, ns, "train", 4)
             await w.settle("scaled to 4", expect={"main": 4})
-            assert await ours(kkube, ns, job) == [0, 1, 2, 3]
+            assert await ours(kueue_kube, ns, job) == [0, 1, 2, 3]
 
-            await scale(kkube, ns, "train", 6)
+            await scale(kueue_kube, ns, "train", 6)
             await w.settle("scaled to 6", expect={"main": 6})
 
             # beyond the quota (6 CPUs): the scale-up slice stays pending, the surplus gated
-            await scale(kkube, ns, "train", 8)
-            await eventually(lambda: pending_slice(kkube, ns), timeout=30, what="pending slice")
-            await eventually(lambda: _count(kkube, ns, job, 8), timeout=30, what="8 pods of train")
+            await scale(kueue_kube, ns, "train", 8)
+            await eventually(
+                lambda: pending_slice(kueue_kube, ns), timeout=30, what="pending slice"
+            )
+            await eventually(
+                lambda: _count(kueue_kube, ns, job, 8), timeout=30, what="8 pods of train"
+            )
             record = await w.settle("scaled to 8, beyond quota", expect={"main": 6})
-            assert await ours(kkube, ns, job) == [0, 1, 2, 3, 4, 5]
+            assert await ours(kueue_kube, ns, job) == [0, 1, 2, 3, 4, 5]
             assert record.kueue == {"main": 6}
 
             # back to 3: the pending slice shrinks and is admitted; the Job controller picks
             # which pods go
-            await scale(kkube, ns, "train", 3)
+            await scale(kueue_kube, ns, "train", 3)
             await w.settle("back to 3", expect={"main": 3})
-            assert len(await ours(kkube, ns, job)) == 3
+            assert len(await ours(kueue_kube, ns, job)) == 3
     for step in w.steps:
         assert step.ungater == step.admitted
 
@@ -162,32 +156,34 @@ async def set_phase(kube: Kube, ns: str, pod: dict[str, Any], phase: str) -> Non
 
 @pytest.mark.kueue_quota(cpu=6)
 async def test_finished_and_deleted_pods_free_their_slot(
-    kueue_cluster: Any, kkube: Kube, kueue_namespace: str
+    kueue_cluster: Any, kueue_kube: Kube, kueue_namespace: str
 ) -> None:
     """A released pod that Succeeded frees its slot for the next index; a released pod that is
     deleted is recreated gated by the Job controller and released again from pod events alone."""
     ns = kueue_namespace
     config = config_for(ns, gate=UNGATER_GATE)
     async with running_controller(kueue_cluster.kubeconfig_path, config):
-        job = await kkube.create(JOBS, ns, elastic_job("steps", 2, completions=5))
-        async with watch(kkube, ns, job) as w:
+        job = await kueue_kube.create(JOBS, ns, elastic_job("steps", 2, completions=5))
+        async with watch(kueue_kube, ns, job) as w:
             await w.settle("admitted 2 of 5 completions", expect={"main": 2})
-            assert await ours(kkube, ns, job) == [0, 1]
+            assert await ours(kueue_kube, ns, job) == [0, 1]
 
-            first = next(p for p in await pods_of(kkube, ns, job) if index(p) == 0)
-            await set_phase(kkube, ns, first, "Succeeded")
+            first = next(p for p in await pods_of(kueue_kube, ns, job) if index(p) == 0)
+            await set_phase(kueue_kube, ns, first, "Succeeded")
             await eventually(
-                lambda: _indexes_equal(kkube, ns, job, [1, 2]), timeout=30, what="index 2"
+                lambda: _indexes_equal(kueue_kube, ns, job, [1, 2]), timeout=30, what="index 2"
             )
             await w.settle("index 0 succeeded", expect={"main": 2})
 
-            victim = next(p for p in await pods_of(kkube, ns, job) if index(p) == 1)
-            await kkube.delete(PODS, ns, victim["metadata"]["name"])
+            victim = next(p for p in await pods_of(kueue_kube, ns, job) if index(p) == 1)
+            await kueue_kube.delete(PODS, ns, victim["metadata"]["name"])
             await eventually(
-                lambda: _recreated(kkube, ns, job, victim), timeout=30, what="index 1 recreated"
+                lambda: _recreated(kueue_kube, ns, job, victim),
+                timeout=30,
+                what="index 1 recreated",
             )
             await w.settle("index 1 deleted and recreated", expect={"main": 2})
-            assert await ours(kkube, ns, job) == [1, 2]
+            assert await ours(kueue_kube, ns, job) == [1, 2]
 
 
 async def _indexes_equal(kube: Kube, ns: str, job: dict[str, Any], want: list[int]) -> bool:
@@ -203,7 +199,7 @@ async def _recreated(kube: Kube, ns: str, job: dict[str, Any], old: dict[str, An
 
 @pytest.mark.kueue_quota(cpu=4)
 async def test_slot_freed_while_a_scale_up_is_pending(
-    kueue_cluster: Any, kkube: Kube, kueue_namespace: str
+    kueue_cluster: Any, kueue_kube: Kube, kueue_namespace: str
 ) -> None:
     """Admitted 4 (all the quota), scaled to 6: the slice waits for quota.  A released pod
     fails: its slot goes to a gated pod at once (the cap is still the admitted 4, not the
@@ -211,18 +207,22 @@ async def test_slot_freed_while_a_scale_up_is_pending(
     ns = kueue_namespace
     config = config_for(ns, gate=UNGATER_GATE)
     async with running_controller(kueue_cluster.kubeconfig_path, config):
-        job = await kkube.create(JOBS, ns, elastic_job("pend", 4, completions=4))
-        async with watch(kkube, ns, job) as w:
+        job = await kueue_kube.create(JOBS, ns, elastic_job("pend", 4, completions=4))
+        async with watch(kueue_kube, ns, job) as w:
             await w.settle("admitted 4", expect={"main": 4})
-            await scale(kkube, ns, "pend", 6)
-            await eventually(lambda: pending_slice(kkube, ns), timeout=30, what="pending slice")
-            await eventually(lambda: _count(kkube, ns, job, 6), timeout=30, what="6 pods")
-            await w.settle("scale-up to 6 pending", expect={"main": 4})
-            assert await ours(kkube, ns, job) == [0, 1, 2, 3]
-            # the pod of index 0 succeeds: 3 live released, one slot free under the cap of 4
-            first = next(p for p in await pods_of(kkube, ns, job) if index(p) == 0)
-            await set_phase(kkube, ns, first, "Succeeded")
+            await scale(kueue_kube, ns, "pend", 6)
             await eventually(
-                lambda: _indexes_equal(kkube, ns, job, [1, 2, 3, 4]), timeout=30, what="index 4"
+                lambda: pending_slice(kueue_kube, ns), timeout=30, what="pending slice"
+            )
+            await eventually(lambda: _count(kueue_kube, ns, job, 6), timeout=30, what="6 pods")
+            await w.settle("scale-up to 6 pending", expect={"main": 4})
+            assert await ours(kueue_kube, ns, job) == [0, 1, 2, 3]
+            # the pod of index 0 succeeds: 3 live released, one slot free under the cap of 4
+            first = next(p for p in await pods_of(kueue_kube, ns, job) if index(p) == 0)
+            await set_phase(kueue_kube, ns, first, "Succeeded")
+            await eventually(
+                lambda: _indexes_equal(kueue_kube, ns, job, [1, 2, 3, 4]),
+                timeout=30,
+                what="index 4",
             )
             await w.settle("slot freed while pending", expect={"main": 4})
