@@ -120,13 +120,18 @@ class StepRecord:
     admitted: dict[str, int]
     ungater: dict[str, int]
     kueue: dict[str, int]
-    seconds: float
+    seconds: float  # until ungater's count matched what was admitted
+    kueue_seconds: float | None  # until Kueue's did; None: not within the wait
 
     def line(self) -> str:
-        same = "same" if self.ungater == self.kueue else "DIFFER"
+        kueue = (
+            f"after {self.kueue_seconds:.1f}s"
+            if self.kueue_seconds is not None
+            else "NOT matched within the wait"
+        )
         return (
-            f"{self.step}: admitted {self.admitted}, ungater released {self.ungater}, "
-            f"Kueue released {self.kueue} ({same}) in {self.seconds:.1f}s"
+            f"{self.step}: admitted {self.admitted}; ungater released {self.ungater} after "
+            f"{self.seconds:.1f}s; Kueue released {self.kueue} {kueue}"
         )
 
 
@@ -144,6 +149,7 @@ class SliceWatch:
     synced: anyio.Event = field(default_factory=anyio.Event)
     _started: dict[str, int] = field(default_factory=dict)
     owner_name: str = ""
+    kueue_excess: list[str] = field(default_factory=list)
 
     async def _watch(self, res: Resource, name: str) -> None:
         items, rv = await self.kube.client.list_objects(res, self.ns, "")
@@ -163,9 +169,10 @@ class SliceWatch:
                 await anyio.sleep(0.2)
 
     # ------------------------------------------------------------------ replay
-    def replay(self) -> tuple[list[str], dict[str, dict[str, Any]], list[dict[str, Any]]]:
-        """All events in resourceVersion order; the violations at release moments, and the
-        final state (pods by uid, workloads)."""
+    def replay(self, gate: str = UNGATER_GATE) -> list[str]:
+        """Replay every event in resourceVersion order; at each moment a pod lost ``gate``
+        (was released), check the live released pods of its pod set against the active
+        slice's cap and the owner's size.  Returns the moments it was exceeded."""
         pods: dict[str, dict[str, Any]] = {}
         workloads: dict[str, dict[str, Any]] = {}
         owner: dict[str, Any] | None = None
@@ -193,22 +200,22 @@ class SliceWatch:
                 pods.pop(uid, None)
                 continue
             pods[uid] = ev.obj
-            was_gated = before is None or UNGATER_GATE in gates_of(before)
-            if not (was_gated and UNGATER_GATE not in gates_of(ev.obj) and is_live(ev.obj)):
+            was_gated = before is None or gate in gates_of(before)
+            if not (was_gated and gate not in gates_of(ev.obj) and is_live(ev.obj)):
                 continue
-            # ungater released this pod at this resourceVersion: check the bounds
             pod_set = self.pod_set_of(ev.obj)
-            live = [p for p in released_by(list(pods.values()), UNGATER_GATE)]
-            n = sum(1 for p in live if self.pod_set_of(p) == pod_set)
+            n = sum(
+                1 for p in released_by(list(pods.values()), gate) if self.pod_set_of(p) == pod_set
+            )
             caps = chain_cap(list(workloads.values()), self.owner_uid) or {}
             size = self.size_of(owner).get(pod_set, 0) if owner is not None else 0
             limit = min(caps.get(pod_set, 0), size)
             if n > limit:
                 violations.append(
-                    f"rv {ev.rv}: released {ev.obj['metadata']['name']} -> {n} live released "
+                    f"rv {ev.rv}: {gate} off {ev.obj['metadata']['name']} -> {n} live released "
                     f"in {pod_set} > min(cap {caps.get(pod_set, 0)}, owner size {size})"
                 )
-        return violations, pods, list(workloads.values())
+        return violations
 
     # ------------------------------------------------------------------ steps
     async def counts(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
@@ -230,7 +237,12 @@ class SliceWatch:
         return admitted, ours, theirs
 
     async def settle(
-        self, step: str, *, timeout: float = 60, expect: dict[str, int] | None = None
+        self,
+        step: str,
+        *,
+        timeout: float = 60,
+        expect: dict[str, int] | None = None,
+        kueue_wait: float = 5.0,
     ) -> StepRecord:
         """Wait until ungater's released count equals what is admitted (and ``expect`` if
         given) and stays so for a moment; record the step with Kueue's count beside it."""
@@ -256,7 +268,18 @@ class SliceWatch:
                 )
             await anyio.sleep(0.1)
         admitted, ours, theirs = last
-        record = StepRecord(step, admitted, ours, theirs, time.monotonic() - started - 1.0)
+        seconds = time.monotonic() - started - 1.0
+        kueue_seconds: float | None = seconds if theirs == admitted else None
+        # Kueue's own gate: how long until it released as much (it reacts to job and Workload
+        # events, not to pods), bounded so that a stall costs a test at most a few seconds
+        for _ in range(int(kueue_wait / 0.2) + 1):
+            if kueue_seconds is not None or time.monotonic() - started > seconds + 1 + kueue_wait:
+                break
+            await anyio.sleep(0.2)
+            _, _, theirs = await self.counts()
+            if theirs == admitted:
+                kueue_seconds = time.monotonic() - started - 1.0
+        record = StepRecord(step, admitted, ours, theirs, seconds, kueue_seconds)
         self.steps.append(record)
         print(record.line())
         return record
@@ -294,5 +317,9 @@ async def slice_watch(
         finally:
             await anyio.sleep(0.5)
             tg.cancel_scope.cancel()
-    violations, _, _ = watch.replay()
+    kueue = watch.replay(KUEUE_GATE)
+    for line in kueue:
+        print(f"differential: Kueue over its cap: {line}")
+    watch.kueue_excess = kueue
+    violations = watch.replay(UNGATER_GATE)
     assert not violations, violations
