@@ -32,7 +32,7 @@ import itertools
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -200,7 +200,8 @@ class FakeKube:
         self.strict = strict
         self.patches: list[tuple[str, str, list[dict[str, Any]]]] = []
         self.before_patch: Callable[[str, str], Any] | None = None  # may raise or be async
-        self.drop_events = False
+        # True, or the plurals whose events the open watches never get
+        self.drop_events: bool | Collection[str] = False
         self.requests = 0
         self.watches_opened = 0
         self.lists = 0
@@ -246,8 +247,10 @@ class FakeKube:
     ) -> None:
         obj, old = copy.deepcopy(obj), copy.deepcopy(old)
         self.history.append((self.rv, rkey, ns, etype, obj, old))
-        if self.drop_events:
-            return
+        if self.drop_events is True or (
+            not isinstance(self.drop_events, bool) and rkey[1] in self.drop_events
+        ):
+            return  # lost on the way to the open watches (a reconnect replays the history)
         for w in self._watches:
             if w.rkey == rkey and (w.namespace is None or w.namespace == ns) and not w.fault:
                 event = self._event_for(w.selector, etype, obj, old)

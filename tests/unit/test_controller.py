@@ -195,37 +195,75 @@ async def test_only_our_gate_is_removed() -> None:
 
 @pytest.mark.anyio
 async def test_lost_watch_events_never_over_release_and_expire() -> None:
-    """Patches land but their events are lost: expectations hold the cap, then expire and the
-    controller settles from a fresh read instead of stalling."""
-    fake = FakeKube()
+    """Our patches land but the pod watch never shows them. Until the expectations expire the
+    controller counts the two pods as in flight and releases nothing more, even when the
+    admission grows; when they expire it reads the pods from the API server, sees them released
+    and keeps counting them (no re-patch of a released pod, no false foreign release), and
+    releases exactly the one pod the new admission allows."""
+    fake = FakeKube(strict=True)
     owner = setup_job(fake, 4)
-    async with running(fake) as ctl:
-        fake.drop_events = True
-        fake.put(WORKLOADS, workload(owner, "train-a", count=4, admitted=2))
-        fake.drop_events = False
-        fake.cut_watches()  # the reconnect replays the Workload from history
-        await eventually(lambda: len(fake.patches) == 2)
-        fake.drop_events = True  # our own patches' events get lost
-        await holds_for(lambda: live_released(fake) == 2, 0.5)
-        fake.drop_events = False
-        # raise the admission: the decision must wait for (or expire) the expectations first
+    fake.put(WORKLOADS, workload(owner, "train-a", count=4, admitted=2))
+    cfg = make_config(
+        expectationsTimeoutSeconds=1.5,
+        watch={"backoffInitialSeconds": 0.01, "backoffMaxSeconds": 0.05, "silenceSeconds": 60},
+    )
+
+    def lose_pod_events(ns: str, name: str) -> None:
+        fake.drop_events = {"pods"}  # from our first patch on, no pod event reaches us
+
+    fake.before_patch = lose_pod_events
+    async with running(fake, cfg) as ctl:
+        await eventually(lambda: len(fake.patches) == 2, what="two releases")
+        assert released_indexes(fake) == [0, 1]
+        assert all(GATE in gates_of(p) for p in ctl_pods(ctl)), "the cache never saw them"
         fake.put(WORKLOADS, workload(owner, "train-a", count=4, admitted=3))
-        await eventually(lambda: released_indexes(fake) == [0, 1, 2], timeout=8)
-        assert ctl.expectations.expired_total >= 0
-        await holds_for(lambda: live_released(fake) == 3, 0.3)
+        await holds_for(
+            lambda: released_indexes(fake) == [0, 1], 0.6, what="in flight until they expire"
+        )
+        assert ctl.expectations.expired_total == 0
+        await eventually(lambda: released_indexes(fake) == [0, 1, 2], timeout=5, what="expiry")
+        assert ctl.expectations.expired_total >= 2
+        await holds_for(lambda: live_released(fake) == 3, 2.0, what="cap 3 across re-expiry")
+        assert len(fake.patches) == 3
+        assert ctl.stats.patch_conflicts == 0
+        assert ctl.stats.foreign_releases == 0
+
+
+def ctl_pods(ctl: Controller) -> list[dict[str, Any]]:
+    """The pods as the controller's Job pod cache holds them (gates only)."""
+    (rt,) = ctl.kinds.values()
+    return [
+        {"spec": {"schedulingGates": [{"name": g} for g in p.gates]}}
+        for p in rt.pods.by_uid.values()
+    ]
 
 
 @pytest.mark.anyio
-async def test_watch_cuts_and_compaction_relist() -> None:
-    fake = FakeKube()
-    owner = setup_job(fake, 3)
+async def test_watch_cuts_resume_and_compaction_relists() -> None:
+    """A cut watch resumes from its resourceVersion (the change made while it was down is
+    replayed, no relist); a 410 Gone mid-stream after the history was compacted relists, and
+    the relist both adds what changed and removes what vanished while no event came."""
+    fake = FakeKube(seed=3, max_delay=0.02, strict=True)
+    owner = setup_job(fake, 4)
     async with running(fake) as ctl:
+        lists = sum(r.stats.lists for r in ctl.reflectors)
         fake.cut_watches()
-        fake.compact()
-        fake.put(WORKLOADS, workload(owner, "train-a", count=3, admitted=3))
-        fake.cut_watches()
-        await eventually(lambda: released_indexes(fake) == [0, 1, 2])
+        fake.put(WORKLOADS, workload(owner, "train-a", count=4, admitted=2))
+        await eventually(lambda: released_indexes(fake) == [0, 1], what="replayed admission")
         assert sum(r.stats.watch_restarts for r in ctl.reflectors) >= 1
+        assert sum(r.stats.lists for r in ctl.reflectors) == lists, "a cut must not relist"
+        await eventually(lambda: len(ctl_pods(ctl)) == 4 and len(ctl.expectations) == 0)
+        # now nothing reaches the watches: a released pod goes, the admission grows, and the
+        # history that would replay it is compacted under the open streams
+        fake.drop_events = True
+        fake.delete(PODS, NS, job_pod(owner, 0)["metadata"]["name"])
+        fake.put(WORKLOADS, workload(owner, "train-a", count=4, admitted=3))
+        fake.drop_events = False
+        assert fake.expire_watches() == len(ctl.reflectors)
+        await eventually(lambda: released_indexes(fake) == [1, 2, 3], what="relisted view")
+        assert all(r.stats.relists_gone == 1 for r in ctl.reflectors)
+        assert len(ctl_pods(ctl)) == 3, "the relist dropped the deleted pod"
+        await holds_for(lambda: live_released(fake) == 3, 0.3)
 
 
 @pytest.mark.anyio
