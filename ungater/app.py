@@ -100,7 +100,11 @@ async def serve(
     server = None
     if config.server.address:
         server = HealthServer.from_address(
-            config.server.address, metrics, ready=controller.ready.is_set, healthy=lambda: True
+            config.server.address,
+            metrics,
+            ready=controller.ready.is_set,
+            healthy=lambda: True,
+            detail=controller.status_lines,
         )
         await server.start()
         log.info("serving /metrics, /healthz, /readyz on %s", server.url)

@@ -1,4 +1,4 @@
-"""The ``ungater`` command line: run, check-config, plugins, explain, dev-cluster, demo.
+"""The ``ungater`` command line: run, check-config, plugins, explain, audit, dev-cluster, demo.
 
 Thin by design: it parses arguments, loads the config, and hands over to the library. Errors
 are one line on stderr and a non-zero exit; ``--debug`` shows the traceback.
@@ -72,6 +72,13 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("workload", metavar="NAMESPACE/WORKLOAD")
     explain.add_argument("--json", action="store_true")
     cluster_args(explain)
+    audit = sub.add_parser(
+        "audit",
+        help="read the cluster once and report over-releases, stalls and more (patches nothing)",
+    )
+    audit.add_argument("--namespace", "-n", help="only this namespace (default: the config's)")
+    audit.add_argument("--json", action="store_true")
+    cluster_args(audit)
     dev = sub.add_parser("dev-cluster", help="a local kube-apiserver, etcd and Job controller")
     dev.add_argument("action", choices=["up", "down", "build"])
     dev.add_argument("--state-dir", type=Path, default=None)
@@ -198,7 +205,8 @@ async def _run(args: argparse.Namespace, config: Config, registry: PluginRegistr
 
             tg.start_soon(on_signal)
             try:
-                await serve(config, client, registry, stop)
+                ctl = await serve(config, client, registry, stop)
+                error = ctl.fatal_error  # e.g. standDown.action: exit
             except StartupError as exc:
                 error = str(exc)
             except OSError as exc:  # the HTTP server's port is taken, for one
@@ -241,6 +249,33 @@ async def _explain(args: argparse.Namespace, config: Config, ns: str, name: str)
     return 0
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    return anyio.run(_audit, args, config)
+
+
+async def _audit(args: argparse.Namespace, config: Config) -> int:
+    from ungater.auditrun import audit_cluster, render_findings
+    from ungater.explain import ExplainError
+    from ungater.kube import ApiError
+    from ungater.registry import PluginRegistry
+
+    registry = PluginRegistry.discover(config.plugins.allow)
+    client = await _client(args, config)
+    try:
+        report = await audit_cluster(client, config, registry, args.namespace)
+    except (ExplainError, ApiError, LookupError) as exc:
+        raise CliError(str(exc)) from exc
+    finally:
+        await client.close()
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(render_findings(report))
+    return 0
+
+
 def cmd_dev_cluster(args: argparse.Namespace) -> int:
     from ungater.devcluster import detached
 
@@ -264,6 +299,7 @@ COMMANDS = {
     "check-config": cmd_check_config,
     "plugins": cmd_plugins,
     "explain": cmd_explain,
+    "audit": cmd_audit,
     "dev-cluster": cmd_dev_cluster,
     "demo": cmd_demo,
 }

@@ -47,6 +47,9 @@ DEFAULT_GATE = "kueue.x-k8s.io/elastic-job"
 #: a pod must find the same Lease.
 DEFAULT_LEASE_NAMESPACE = "kube-system"
 WorkloadVersion = Literal["v1beta2", "v1beta1"]
+#: ``release``: remove the gate as far as admitted. ``audit``: watch and decide the same way,
+#: never patch, and report what the gate's real releaser does against the admitted counts.
+Mode = Literal["release", "audit"]
 _WORKLOAD_VERSIONS: tuple[WorkloadVersion, ...] = ("v1beta2", "v1beta1")
 _BUILTIN_KINDS = (("batch", "Job"), ("jobset.x-k8s.io", "JobSet"), ("ray.io", "RayCluster"))
 
@@ -133,6 +136,7 @@ class KindConfig(_Model):
     gate: str | None = Field(
         default=None, min_length=1, description="Gate to remove; defaults to `gate`."
     )
+    mode: Mode | None = Field(default=None, description="null: the top-level `mode`.")
 
     @field_validator("group")
     @classmethod
@@ -268,6 +272,39 @@ class EventsConfig(_Model):
     queue_size: int = Field(default=1000, ge=1, le=1_000_000, alias="queueSize")
 
 
+class AuditConfig(_Model):
+    """What audit mode (and ``ungater audit``) reports, and when."""
+
+    stall_seconds: float = Field(default=30.0, gt=0, le=86_400, alias="stallSeconds")
+    report_after_seconds: float = Field(default=2.0, ge=0, le=3600, alias="reportAfterSeconds")
+
+
+class StandDownConfig(_Model):
+    """What a releasing kind does when another writer keeps removing its gate."""
+
+    action: Literal["audit", "exit", "keepReleasing"] = "audit"
+    foreign_releases: int = Field(default=3, ge=1, le=10_000, alias="foreignReleases")
+    window_seconds: float = Field(default=300.0, gt=0, le=86_400, alias="windowSeconds")
+
+
+class ReleaseBlockedConfig(_Model):
+    """Per-pod backoff after the API server refused a release for good."""
+
+    initial_backoff_seconds: float = Field(
+        default=5.0, gt=0, le=3600, alias="initialBackoffSeconds"
+    )
+    max_backoff_seconds: float = Field(default=900.0, gt=0, le=86_400, alias="maxBackoffSeconds")
+
+    @model_validator(mode="after")
+    def _order(self) -> ReleaseBlockedConfig:
+        if self.initial_backoff_seconds > self.max_backoff_seconds:
+            raise ValueError(
+                f"initialBackoffSeconds ({self.initial_backoff_seconds:g}) must not exceed "
+                f"maxBackoffSeconds ({self.max_backoff_seconds:g})"
+            )
+        return self
+
+
 class LoggingConfig(_Model):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["text", "json"] = "text"
@@ -282,6 +319,7 @@ class Config(_Model):
     """The whole config file. Keys are camelCase in YAML."""
 
     gate: str = Field(default=DEFAULT_GATE, min_length=1)
+    mode: Mode = "release"
     kinds: list[KindConfig] = Field(
         default_factory=lambda: [KindConfig(group=g, kind=k) for g, k in _BUILTIN_KINDS],
         min_length=1,
@@ -307,6 +345,14 @@ class Config(_Model):
     server: ServerConfig = Field(default_factory=ServerConfig)
     events: EventsConfig = Field(default_factory=EventsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    audit: AuditConfig = Field(default_factory=AuditConfig)
+    stand_down: StandDownConfig = Field(default_factory=StandDownConfig, alias="standDown")
+    release_blocked: ReleaseBlockedConfig = Field(
+        default_factory=ReleaseBlockedConfig, alias="releaseBlocked"
+    )
+    slice_handover_grace_seconds: float = Field(
+        default=2.0, ge=0, le=600, alias="sliceHandoverGraceSeconds"
+    )
 
     @field_validator("gate")
     @classmethod
@@ -326,6 +372,14 @@ class Config(_Model):
 
     def gate_for(self, kind: KindConfig) -> str:
         return kind.gate or self.gate
+
+    def mode_for(self, kind: KindConfig) -> Mode:
+        return kind.mode or self.mode
+
+    @property
+    def patches_pods(self) -> bool:
+        """Some kind releases (needs ``pods/patch``); all-audit needs only reads."""
+        return any(self.mode_for(k) == "release" for k in self.kinds)
 
     @property
     def gates(self) -> list[str]:

@@ -18,10 +18,11 @@ from typing import Any
 import anyio
 
 from ungater.assess import owner_of, pod_facts
+from ungater.auditing import Auditor
 from ungater.blocked import BLOCKED, GONE, BlockedReleases, classify_patch_error, server_message
 from ungater.cache import OwnerKey, PodIndex, WorkloadIndex, ancestors
 from ungater.config import Config
-from ungater.decision import Decision, Release, active_slice, decide, order_slices
+from ungater.decision import Decision, PodFacts, Release, active_slice, decide, order_slices
 from ungater.events import (
     FOREIGN_RELEASE,
     NORMAL,
@@ -29,6 +30,7 @@ from ungater.events import (
     PODS_UNMAPPED,
     RELEASE_BLOCKED,
     RELEASED,
+    STOOD_DOWN,
     WARNING,
     EventRecorder,
     InvolvedObject,
@@ -54,6 +56,7 @@ from ungater.patches import release_patch
 from ungater.plugin_api import ResourceSpec
 from ungater.reflector import Reflector
 from ungater.registry import KindHandler, PluginError, PluginRegistry
+from ungater.standdown import StandDown, Tripped
 from ungater.workqueue import QueueShutDown, WorkQueue
 
 __all__ = ["Controller", "StartupError", "workload_resource"]
@@ -83,6 +86,8 @@ class KindRuntime:
     handler: KindHandler
     gate: str
     pods: PodIndex
+    mode: str = "release"  # "audit": decide and report, never patch
+    stood_down: str = ""  # why this kind stopped releasing (see ungater.standdown)
 
     @property
     def kind(self) -> Kind:
@@ -151,7 +156,16 @@ class Controller:
         # to tell whether the cached owner object may predate the event that freed a slot
         self._freed_rv: dict[OwnerKey, int] = {}
         self._owner_rv: dict[str, int] = {}
-        self.blocked = BlockedReleases(clock=clock)  # releases refused for good, per pod
+        rb = config.release_blocked
+        self.blocked = BlockedReleases(  # releases refused for good, per pod
+            rb.initial_backoff_seconds, rb.max_backoff_seconds, clock=clock
+        )
+        self.auditor = Auditor(config.audit, config.slice_handover_grace_seconds, metrics, events)
+        self.stand_down = StandDown(config.stand_down, clock)
+        self.fatal_error = ""  # set when the process must end (standDown.action: exit)
+        self._stop: anyio.Event | None = None
+        self._clock = clock
+        self._inactive_since: dict[OwnerKey, float] = {}  # chains seen without an active slice
 
     # -- set-up -----------------------------------------------------------------------------
 
@@ -169,7 +183,16 @@ class Controller:
             log.error("kind %s skipped: %s (a plugin failed to load)", skipped.kind, skipped.reason)
             self.stats.skipped_kinds.append(str(skipped.kind))
         for kind, rk in resolved.kinds.items():
-            self.kinds[kind] = KindRuntime(rk.handler, rk.gate, PodIndex(rk.handler.spec.pod_label))
+            mode = next(
+                (
+                    self.config.mode_for(k)
+                    for k in self.config.kinds
+                    if Kind(k.group, k.kind) == kind
+                ),
+                self.config.mode,
+            )
+            pods = PodIndex(rk.handler.spec.pod_label)
+            self.kinds[kind] = KindRuntime(rk.handler, rk.gate, pods, mode)
 
     async def _discover_workload_version(self) -> str:
         served = await self.client.served_versions(KUEUE_GROUP)
@@ -335,13 +358,15 @@ class Controller:
                 self.expectations.observe(pod.uid, rt.kind)
                 self.blocked.clear(pod.uid)
             if (
-                old is not None
+                rt.mode == "release"
+                and self._leading()  # a standby sees the leader's releases: not foreign
+                and old is not None
                 and new is not None
                 and old.has_gate(gate)
                 and not new.has_gate(gate)
                 and pod.uid not in self._ours
             ):
-                self._report_foreign_release(new, gate)
+                self._report_foreign_release(new, rt)
             if new is None and not any(pod.uid in k.pods.by_uid for k in self.kinds.values()):
                 self._ours.discard(pod.uid)  # no view holds it any more
                 self._foreign_seen.discard(pod.uid)
@@ -367,11 +392,15 @@ class Controller:
         if not slices:
             self.expectations.forget_key(key)
             self.decisions.pop(key, None)
+            self.auditor.forget(key)
+            self._inactive_since.pop(key, None)
             return None
         owner = owner_of(slices)
         rt = self.kinds.get(owner.group_kind) if owner else None
         if owner is None or rt is None:
             return None
+        if rt.mode == "audit":
+            return self._audit(key, rt, owner, slices)
         if self.expectations.pending(key):
             expired = self.expectations.expired(key)
             if not expired:
@@ -392,15 +421,43 @@ class Controller:
             await self._release(key, rt, owner.name, decision, active_slice(slices))
         return decision
 
+    def _inputs(
+        self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef
+    ) -> tuple[list[PodFacts], Mapping[str, int] | None]:
+        """The decision's input from what the caches hold now: pod facts, the owner's size."""
+        owner_facts = self.owner_facts.get(owner.uid)
+        pods = rt.pods.select(key.namespace, rt.handler.pod_selector(owner))
+        facts = pod_facts(rt.handler, owner, pods, self.objects, owner_facts)
+        desired = rt.handler.desired_counts(owner_facts) if owner_facts is not None else None
+        return facts, desired
+
+    def _audit(
+        self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef, slices: list[WorkloadView]
+    ) -> Decision:
+        """Audit mode: the same decision, compared with the pods as they are; nothing patched."""
+        facts, desired = self._inputs(key, rt, owner)
+        decision, wait = self.auditor.observe(
+            key,
+            str(rt.kind),
+            owner,
+            key.namespace,
+            slices,
+            facts,
+            rt.gate,
+            desired,
+            self.workload_version,
+        )
+        self.decisions[key] = decision
+        if wait is not None:
+            self.queue.add_after(key, wait)
+        return decision
+
     def _decide(
         self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef, slices: list[WorkloadView]
     ) -> Decision:
         """The pure decision on what the caches hold now for this owner."""
-        owner_facts = self.owner_facts.get(owner.uid)
-        selector = rt.handler.pod_selector(owner)
-        pods = rt.pods.select(key.namespace, selector)
-        facts = pod_facts(rt.handler, owner, pods, self.objects, owner_facts)
-        desired = rt.handler.desired_counts(owner_facts) if owner_facts is not None else None
+        facts, desired = self._inputs(key, rt, owner)
+        pods = [f.pod for f in facts]
         return decide(
             slices,
             facts,
@@ -452,6 +509,17 @@ class Controller:
                 POD_SET_UPDATE_CONFLICT,
                 f"{len(conflicts)} pod(s) stay gated; {first.pod}: {first.reason}",
             )
+        if decision.active_slice is not None:
+            self._inactive_since.pop(key, None)
+        elif decision.unmapped:
+            # Kueue finishes a replaced slice a few ms before it admits the next one: a chain
+            # without an active slice for less than the grace is a hand-over, not an anomaly
+            now = self._clock()
+            since = self._inactive_since.setdefault(key, now)
+            left = self.config.slice_handover_grace_seconds - (now - since)
+            if left > 0:
+                self.queue.add_after(key, left)
+                return
         if decision.unmapped:
             first = decision.unmapped[0]
             self._event_for(
@@ -527,7 +595,7 @@ class Controller:
                 self.expectations.observe(r.pod.uid)  # nothing of ours is in flight there
                 self._ours.discard(r.pod.uid)
                 if outcome == "conflict" and r.pod.uid not in self._foreign_seen:
-                    await self._check_foreign_release(r)
+                    await self._check_foreign_release(r, rt)
                 retry = retry or outcome != "skipped"
             else:
                 failed += 1  # unknown outcome: the patch may have landed; keep expecting it
@@ -592,16 +660,17 @@ class Controller:
         if wait is not None:
             self.queue.add_after(key, max(wait, 0.01))
 
-    async def _check_foreign_release(self, r: Release) -> None:
+    async def _check_foreign_release(self, r: Release, rt: KindRuntime) -> None:
         """Our guarded patch was refused: if the gate is gone, another writer released the pod."""
         fresh = await self.client.get(PODS, r.pod.namespace, r.pod.name)
         if fresh is None:
             return
         view = parse_pod(fresh)
         if view.uid == r.pod.uid and not view.has_gate(r.gate):
-            self._report_foreign_release(view, r.gate)
+            self._report_foreign_release(view, rt)
 
-    def _report_foreign_release(self, pod: PodView, gate: str) -> None:
+    def _report_foreign_release(self, pod: PodView, rt: KindRuntime) -> None:
+        gate = rt.gate
         if pod.uid in self._foreign_seen:
             return  # once per pod, whichever watch or refused patch shows it again
         self._foreign_seen.add(pod.uid)
@@ -619,6 +688,42 @@ class Controller:
             pod.namespace,
             pod.name,
         )
+        verdict = self.stand_down.record(str(rt.kind), gate, f"{pod.namespace}/{pod.name}")
+        if verdict is not None:
+            self._stand_down(rt, verdict)
+
+    def _stand_down(self, rt: KindRuntime, verdict: Tripped) -> None:
+        """Another releaser is at work on this kind's gate: say so loudly and, unless told to
+        keep fighting, stop patching (audit instead) or end the process."""
+        log.error("standing down: %s", verdict.message)
+        if verdict.action == "keepReleasing":
+            return
+        keys = [
+            k
+            for k in self.workloads.owner_keys()
+            if (o := owner_of(self.workloads.for_owner(k.uid))) is not None
+            and o.group_kind == rt.kind
+        ]
+        for key in keys:
+            self._event_for(key, WARNING, STOOD_DOWN, verdict.message)
+        if verdict.action == "exit":
+            self.fatal_error = verdict.message
+            if self._stop is not None:
+                self._stop.set()
+            return
+        rt.mode, rt.stood_down = "audit", verdict.message
+        for key in keys:
+            self.queue.add(key)  # audit them now
+
+    def status_lines(self) -> list[str]:
+        """What ``/readyz`` says beside "ok": each kind's mode, and why it stood down."""
+        lines = []
+        for kind, rt in self.kinds.items():
+            line = f"{kind}: {rt.mode} (gate {rt.gate})"
+            if rt.stood_down:
+                line += f"; STOOD DOWN: {rt.stood_down}"
+            lines.append(line)
+        return lines
 
     async def _patch(self, r: Release) -> str:
         outcome = await self._patch_once(r)
@@ -748,6 +853,7 @@ class Controller:
         """
         if not self.reflectors:
             await self.start()
+        self._stop = stop
         if elector is not None:
             self._leading = lambda: elector.is_leader
         async with anyio.create_task_group() as tg:

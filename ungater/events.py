@@ -34,6 +34,7 @@ __all__ = [
     "PODS_UNMAPPED",
     "RELEASED",
     "RELEASE_BLOCKED",
+    "STOOD_DOWN",
     "WARNING",
     "EventClient",
     "EventRecorder",
@@ -50,6 +51,7 @@ PODS_UNMAPPED = "PodsUnmapped"  # Warning: pods whose pod set the active slice d
 PLUGIN_ERROR = "PluginError"  # Warning: the kind's plugin failed on this owner
 FOREIGN_RELEASE = "ForeignRelease"  # Warning: someone else removed our gate
 RELEASE_BLOCKED = "ReleaseBlocked"  # Warning: the API server refused a release for good
+STOOD_DOWN = "StoodDown"  # Warning: another releaser works this kind's gate; we stopped
 MAX_MESSAGE = 1024
 KUEUE_GROUP = "kueue.x-k8s.io"
 

@@ -6,18 +6,21 @@ read instead of the cache, so an operator sees exactly why each pod is still gat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ungater.assess import owner_of, pod_facts
+from ungater.audit import Finding, audit_owner
 from ungater.blocked import BLOCKED, classify_patch_error, server_message
-from ungater.config import Config
+from ungater.config import Config, KindConfig
 from ungater.controller import KUEUE_GROUP, StartupError, workload_resource
-from ungater.decision import Decision, active_slice, decide, order_slices
+from ungater.decision import Decision, PodFacts, active_slice, decide, order_slices
 from ungater.kube import PODS, ApiError, KubeClient, Resource
 from ungater.model import (
     Kind,
+    ObjectRef,
     ObjectView,
     PodView,
     WorkloadView,
@@ -25,52 +28,78 @@ from ungater.model import (
     parse_pod,
     parse_workload,
 )
-from ungater.registry import PluginRegistry
+from ungater.registry import KindHandler, PluginRegistry
 
-__all__ = ["ExplainError", "explain", "render_text"]
+__all__ = [
+    "ExplainError",
+    "OwnerRead",
+    "audit_read",
+    "explain",
+    "kind_config",
+    "read_owner",
+    "render_text",
+    "workload_version",
+]
 
 
 class ExplainError(Exception):
     pass
 
 
-async def explain(
-    client: KubeClient, config: Config, registry: PluginRegistry, namespace: str, name: str
-) -> dict[str, Any]:
+async def workload_version(client: KubeClient, config: Config) -> str:
+    """The first of ``config.workloadApiVersions`` the API server serves."""
     served = await client.served_versions(KUEUE_GROUP)
     version = next((v for v in config.workload_api_versions if v in served), None)
     if version is None:
         raise ExplainError("the API server serves no Kueue Workload API (is Kueue installed?)")
-    res = workload_resource(version)
-    raw = await client.get(res, namespace, name)
-    if raw is None:
-        raise ExplainError(f"workload {namespace}/{name} not found")
-    target = parse_workload(raw)
-    if target.owner is None:
-        raise ExplainError(f"workload {namespace}/{name} has no controller ownerReference")
-    kind = target.owner.group_kind
-    kc = next((k for k in config.kinds if Kind(k.group, k.kind) == kind), None)
-    if kc is None:
-        raise ExplainError(f"kind {kind} is not configured as elastic")
+    return version
+
+
+def kind_config(config: Config, kind: Kind) -> KindConfig | None:
+    return next((k for k in config.kinds if Kind(k.group, k.kind) == kind), None)
+
+
+@dataclass
+class OwnerRead:
+    """One owner as a fresh read shows it: what the decision and the audit need."""
+
+    handler: KindHandler
+    kind_config: KindConfig
+    owner: ObjectRef
+    namespace: str
+    slices: list[WorkloadView]
+    pods: list[PodView]
+    facts: list[PodFacts]
+    desired: Mapping[str, int] | None
+    gate: str
+
+
+async def read_owner(
+    client: KubeClient,
+    config: Config,
+    registry: PluginRegistry,
+    namespace: str,
+    slices: list[WorkloadView],
+    kc: KindConfig,
+    objects: dict[str, ObjectView] | None = None,
+) -> OwnerRead:
+    """Read an owner's pods, intermediate owners (unless ``objects`` has them: a namespace's,
+    shared by several owners) and owner object, and ask its plugin about each pod."""
+    owner = owner_of(slices)
+    assert owner is not None
     try:
-        handler = registry.handler(kind, kc.plugin)
+        handler = registry.handler(owner.group_kind, kc.plugin)
     except LookupError as exc:
         raise StartupError(str(exc)) from exc
-    items, _ = await client.list_objects(res, namespace)
-    slices = [
-        w
-        for w in (parse_workload(i) for i in items)
-        if w.owner is not None and w.owner.uid == target.owner.uid
-    ]
-    owner = owner_of(slices) or target.owner
-    objects: dict[str, ObjectView] = {}
-    for spec in handler.spec.intermediates:
-        found, _ = await client.list_objects(
-            Resource(spec.group, spec.version, spec.plural, spec.kind),
-            namespace,
-            spec.label_selector,
-        )
-        objects.update((o.uid, o) for o in map(parse_object, found))
+    if objects is None:
+        objects = {}
+        for spec in handler.spec.intermediates:
+            found, _ = await client.list_objects(
+                Resource(spec.group, spec.version, spec.plural, spec.kind),
+                namespace,
+                spec.label_selector,
+            )
+            objects.update((o.uid, o) for o in map(parse_object, found))
     owner_facts: dict[str, Any] = {}
     owner_spec = handler.spec.owner_resource
     if owner_spec is not None:
@@ -85,14 +114,66 @@ async def explain(
         PODS, namespace, ",".join(f"{k}={v}" for k, v in selector.items())
     )
     pods = [parse_pod(p) for p in raw_pods]
-    gate = config.gate_for(kc)
-    blocked = await _refused_releases(client, pods, gate)
+    return OwnerRead(
+        handler=handler,
+        kind_config=kc,
+        owner=owner,
+        namespace=namespace,
+        slices=slices,
+        pods=pods,
+        facts=pod_facts(handler, owner, pods, objects, owner_facts),
+        desired=handler.desired_counts(owner_facts) if owner_facts else None,
+        gate=config.gate_for(kc),
+    )
+
+
+def audit_read(config: Config, read: OwnerRead, now: float | None = None) -> list[Finding]:
+    """The audit findings of a fresh read (no watch history: stalls are dated from the pod's
+    creation or the slice's admission, whichever is later)."""
+    findings, _ = audit_owner(
+        read.slices,
+        read.facts,
+        read.gate,
+        owner=read.owner,
+        kind=str(read.owner.group_kind),
+        namespace=read.namespace,
+        now=time.time() if now is None else now,
+        stall_seconds=config.audit.stall_seconds,
+        desired=read.desired,
+        handover_grace_seconds=config.slice_handover_grace_seconds,
+    )
+    return findings
+
+
+async def explain(
+    client: KubeClient, config: Config, registry: PluginRegistry, namespace: str, name: str
+) -> dict[str, Any]:
+    version = await workload_version(client, config)
+    res = workload_resource(version)
+    raw = await client.get(res, namespace, name)
+    if raw is None:
+        raise ExplainError(f"workload {namespace}/{name} not found")
+    target = parse_workload(raw)
+    if target.owner is None:
+        raise ExplainError(f"workload {namespace}/{name} has no controller ownerReference")
+    kind = target.owner.group_kind
+    kc = kind_config(config, kind)
+    if kc is None:
+        raise ExplainError(f"kind {kind} is not configured as elastic")
+    items, _ = await client.list_objects(res, namespace)
+    slices = [
+        w
+        for w in (parse_workload(i) for i in items)
+        if w.owner is not None and w.owner.uid == target.owner.uid
+    ] or [target]
+    read = await read_owner(client, config, registry, namespace, slices, kc)
+    blocked = await _refused_releases(client, read.pods, read.gate)
     decision = decide(
         slices,
-        pod_facts(handler, owner, pods, objects, owner_facts),
-        gate,
+        read.facts,
+        read.gate,
         apply_pod_set_updates=config.apply_pod_set_updates,
-        desired=handler.desired_counts(owner_facts) if owner_facts else None,
+        desired=read.desired,
         blocked=blocked,
     )
     notes = []
@@ -101,14 +182,20 @@ async def explain(
             "this workload lacks the annotation kueue.x-k8s.io/elastic-job=true, so the "
             "controller ignores it (requireElasticAnnotation)"
         )
-    return _as_dict(
-        owner_desc=f"{owner.kind} {namespace}/{owner.name}",
-        gate=gate,
-        plugin=handler.plugin.label,
+    mode = config.mode_for(kc)
+    if mode == "audit":
+        notes.append("this kind is in audit mode: the controller reports, and never patches")
+    report = _as_dict(
+        owner_desc=f"{read.owner.kind} {namespace}/{read.owner.name}",
+        gate=read.gate,
+        plugin=read.handler.plugin.label,
         slices=slices,
         decision=decision,
         notes=notes,
     )
+    report["mode"] = mode
+    report["findings"] = [f.as_dict() for f in audit_read(config, read)]
+    return report
 
 
 #: Dry-run releases explain asks for at most (one request per gated pod).
@@ -214,6 +301,8 @@ def render_text(report: dict[str, Any]) -> str:
             out.append(f"  waits: {w['pod']}: {w['reason']}")
     for w in report["unmapped"]:
         out.append(f"not considered: {w['pod']}: {w['reason']}")
+    for f in report.get("findings") or ():
+        out.append(f"audit: {f['finding']} ({f['severity']}): {f['message']}")
     for note in report["notes"]:
         out.append(f"note: {note}")
     return "\n".join(out)

@@ -78,7 +78,7 @@ class ControllerCollector(Collector):
         self.target: Any = None
 
     def collect(self) -> Iterator[Metric]:
-        for part in (self._queue, self._expectations, self._watches, self._caches):
+        for part in (self._queue, self._expectations, self._watches, self._caches, self._audit):
             try:
                 yield from part(self.target)
             except Exception:  # a half-built controller must not break /metrics
@@ -154,6 +154,27 @@ class ControllerCollector(Collector):
         return families.values()
 
     @staticmethod
+    def _audit(c: Any) -> Iterable[Metric]:
+        findings = GaugeMetricFamily(
+            "ungater_audit_findings",
+            "Open audit findings (over-release, stall, release without admission, order, "
+            "foreign gates) by owner kind and finding.",
+            labels=["kind", "finding"],
+        )
+        tracker = getattr(getattr(c, "auditor", None), "tracker", None)
+        counts = tracker.counts() if tracker is not None else {}
+        for (kind, finding), n in sorted(counts.items()):
+            findings.add_metric([kind, finding], float(n))
+        stood = GaugeMetricFamily(
+            "ungater_stood_down",
+            "1 for a kind that stopped releasing because another writer kept removing its gate.",
+            labels=["kind"],
+        )
+        for kind, rt in (getattr(c, "kinds", None) or {}).items():
+            stood.add_metric([str(kind)], 1.0 if getattr(rt, "stood_down", "") else 0.0)
+        return (findings, stood)
+
+    @staticmethod
     def _caches(c: Any) -> Iterable[Metric]:
         cached = GaugeMetricFamily(
             "ungater_cached_objects", "Objects held in the caches.", labels=["kind"]
@@ -221,6 +242,12 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.audit_findings = Counter(
+            "ungater_audit_findings_reported",
+            "Audit findings reported (each once, when it has stayed open long enough).",
+            ["kind", "finding"],
+            registry=r,
+        )
         self.leader = Gauge(
             "ungater_leader", "1 while this replica holds the leader lease.", registry=r
         )
@@ -269,6 +296,9 @@ class Metrics:
 
     def observe_release_blocked(self, kind: str) -> None:
         self.release_blocked.labels(kind).inc()
+
+    def observe_audit_finding(self, kind: str, finding: str) -> None:
+        self.audit_findings.labels(kind, finding).inc()
 
     def observe_foreign_release(self) -> None:
         self.foreign_releases.inc()

@@ -32,7 +32,8 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 class HealthServer:
-    """``/metrics``, ``/healthz`` (200 "ok" or 500) and ``/readyz`` (200 "ok" or 503).
+    """``/metrics``, ``/healthz`` (200 "ok" or 500) and ``/readyz`` (200 "ok" or 503, followed
+    by the ``detail`` lines: each kind's mode, a stand-down, the admission policy found).
 
     ``host`` "" binds every interface. After ``start()``, ``port`` is the bound port (useful
     with port 0). Use ``async with HealthServer(...)`` or ``start()``/``stop()``.
@@ -45,12 +46,14 @@ class HealthServer:
         metrics: Metrics,
         ready: Callable[[], bool],
         healthy: Callable[[], bool],
+        detail: Callable[[], list[str]] | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.metrics = metrics
         self._ready = ready
         self._healthy = healthy
+        self._detail = detail
         self._runner: web.AppRunner | None = None
 
     @classmethod
@@ -60,9 +63,10 @@ class HealthServer:
         metrics: Metrics,
         ready: Callable[[], bool],
         healthy: Callable[[], bool],
+        detail: Callable[[], list[str]] | None = None,
     ) -> HealthServer:
         host, port = parse_address(address)
-        return cls(host, port, metrics, ready, healthy)
+        return cls(host, port, metrics, ready, healthy, detail)
 
     # -- handlers -------------------------------------------------------------------------------
 
@@ -89,7 +93,15 @@ class HealthServer:
         return self._probe(self._healthy, 500, "healthy")
 
     async def _readyz(self, request: web.Request) -> web.Response:
-        return self._probe(self._ready, 503, "ready")
+        response = self._probe(self._ready, 503, "ready")
+        if self._detail is not None:
+            try:
+                lines = list(self._detail())
+            except Exception as exc:  # detail is informative: it never fails the probe
+                lines = [f"detail unavailable: {exc!r}"]
+            if lines:
+                response.text = (response.text or "") + "".join(f"{line}\n" for line in lines)
+        return response
 
     # -- lifecycle ------------------------------------------------------------------------------
 

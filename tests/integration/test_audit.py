@@ -1,0 +1,119 @@
+"""Audit mode and ``ungater audit`` on the real API server: the test plays a careless second
+releaser (it removes the gate from every pod, as Kueue v0.17.0's job reconciler does); the
+controller in audit mode patches nothing and reports the over-release and a stall with the
+right pods; the one-shot audit and explain say the same. The chart's RBAC in audit mode has no
+pods/patch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import admit, config_for, create_workload
+from tests.integration.k8s import Kube
+from tests.integration.test_deploy import helm, render  # noqa: F401  (helm is a fixture)
+from tests.integration.test_jobs import index, make_job
+from tests.integration.test_release_blocked import events_with, observed_controller
+from tests.objects import GATE, PODS
+from tests.polling import eventually, holds_for
+from ungater.auditrun import audit_cluster
+from ungater.explain import explain
+from ungater.registry import PluginRegistry
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+
+async def release_all(kube: Kube, ns: str, selector: str, indexes: set[int] | None = None) -> None:
+    """What a careless releaser does: remove the gate from every (or the given) pod."""
+    for p in await kube.list(PODS, ns, selector):
+        gates = [g["name"] for g in p["spec"].get("schedulingGates") or []]
+        if GATE in gates and (indexes is None or index(p) in indexes):
+            i = gates.index(GATE)
+            await kube.json_patch(
+                PODS,
+                ns,
+                p["metadata"]["name"],
+                [
+                    {"op": "test", "path": f"/spec/schedulingGates/{i}/name", "value": GATE},
+                    {"op": "remove", "path": f"/spec/schedulingGates/{i}"},
+                ],
+            )
+
+
+async def test_audit_mode_reports_another_releasers_over_release_and_a_stall(
+    control_plane: Any, kube: Kube, kube_namespace: str
+) -> None:
+    ns = kube_namespace
+    job, sel = await make_job(kube, ns, "train", 4)
+    slow, slow_sel = await make_job(kube, ns, "slow", 3)
+    await create_workload(kube, job, "job-train-a", {"main": 4})
+    await create_workload(kube, slow, "job-slow-a", {"main": 3})
+    config = config_for(ns, mode="audit", audit={"stallSeconds": 1.5, "reportAfterSeconds": 0.3})
+    async with observed_controller(control_plane.kubeconfig_path, config) as ctl:
+        await admit(kube, ns, "job-train-a", {"main": 2})
+        await admit(kube, ns, "job-slow-a", {"main": 2})
+        await release_all(kube, ns, sel)  # 4 released for an admitted 2
+        await release_all(kube, ns, slow_sel, {0})  # 1 of 2: index 1 stalls
+
+        def open_findings() -> dict[str, Any]:
+            return {f.finding: f for f in ctl.auditor.tracker.findings()}
+
+        await eventually(
+            lambda: {"OverRelease", "Stalled"} <= set(open_findings()),
+            timeout=15,
+            what="an over-release and a stall",
+        )
+        over, stall = open_findings()["OverRelease"], open_findings()["Stalled"]
+        pods = {index(p): p["metadata"]["name"] for p in await kube.list(PODS, ns, sel)}
+        slow_pods = {index(p): p["metadata"]["name"] for p in await kube.list(PODS, ns, slow_sel)}
+        assert over.workload == "job-train-a" and over.pod_set == "main"
+        assert set(over.pods) == set(pods.values())
+        assert f"beyond the cap in order: {pods[2]}, {pods[3]}" in over.message
+        assert stall.workload == "job-slow-a" and stall.pods == (slow_pods[1],)
+        assert ctl.stats.released == 0 and ctl.stats.foreign_releases == 0
+        ev = await eventually(lambda: events_with(kube, ns, "OverRelease"), what="an Event")
+        assert ev[0]["type"] == "Warning" and ev[0]["involvedObject"]["name"] == "job-train-a"
+        assert ctl.metrics is not None
+        text = ctl.metrics.render().decode()
+        assert 'ungater_audit_findings{finding="OverRelease",kind="Job.batch"} 1.0' in text
+        assert 'ungater_audit_findings{finding="Stalled",kind="Job.batch"} 1.0' in text
+
+        # audit never patches: the stalled pod stays gated
+        async def still_gated() -> bool:
+            p = next(
+                p
+                for p in await kube.list(PODS, ns, slow_sel)
+                if p["metadata"]["name"] == slow_pods[1]
+            )
+            return GATE in [g["name"] for g in p["spec"]["schedulingGates"]]
+
+        await holds_for(still_gated, 1.0, what="the stalled pod untouched")
+
+        # the one-shot audit and explain, on a fresh read, find the same
+        report = await audit_cluster(ctl.client, config, PluginRegistry.discover(), ns)
+        assert report["owners"] == 2
+        found = {(f["finding"], f["workload"]): f for f in report["findings"]}
+        assert set(found[("OverRelease", "job-train-a")]["pods"]) == set(pods.values())
+        assert found[("Stalled", "job-slow-a")]["pods"] == [slow_pods[1]]
+        shown = await explain(ctl.client, config, ctl.registry, ns, "job-train-a")
+        assert shown["mode"] == "audit"
+        assert [f["finding"] for f in shown["findings"]] == ["OverRelease"]
+
+
+def test_chart_rbac_has_no_pod_patch_in_audit_mode(helm: Path) -> None:  # noqa: F811
+    def pod_verbs(**values: Any) -> set[str]:
+        (role,) = [o for o in render(helm, **values) if o["kind"] == "ClusterRole"]
+        rules = [r for r in role["rules"] if "pods" in r["resources"] and r["apiGroups"] == [""]]
+        return {v for r in rules for v in r["verbs"]}
+
+    assert pod_verbs() == {"get", "list", "watch", "patch"}
+    assert pod_verbs(config={"mode": "audit"}) == {"get", "list", "watch"}
+    one_releases = {
+        "mode": "audit",
+        "kinds": [{"group": "batch", "kind": "Job", "mode": "release"}],
+    }
+    assert pod_verbs(config=one_releases) == {"get", "list", "watch", "patch"}
+    all_audit = {"kinds": [{"group": "batch", "kind": "Job", "mode": "audit"}]}
+    assert pod_verbs(config=all_audit) == {"get", "list", "watch"}
