@@ -30,6 +30,7 @@ from ungater.events import (
     PODS_UNMAPPED,
     RELEASE_BLOCKED,
     RELEASED,
+    STALE_PROVISIONING_REQUEST,
     STOOD_DOWN,
     WARNING,
     EventRecorder,
@@ -508,6 +509,18 @@ class Controller:
                 WARNING,
                 POD_SET_UPDATE_CONFLICT,
                 f"{len(conflicts)} pod(s) stay gated; {first.pod}: {first.reason}",
+            )
+        stale = [n for r in decision.pod_sets for n in r.stale]
+        if stale:
+            reason = next(
+                w.reason for r in decision.pod_sets for w in r.waiting if w.pod == stale[0]
+            )
+            log.warning("%s: %d pod(s) stay gated; %s: %s", key, len(stale), stale[0], reason)
+            self._event_for(
+                key,
+                WARNING,
+                STALE_PROVISIONING_REQUEST,
+                f"{len(stale)} gated pod(s) stay gated and uncounted; {stale[0]}: {reason}",
             )
         if decision.active_slice is not None:
             self._inactive_since.pop(key, None)

@@ -9,7 +9,8 @@ Rules, in short: only the newest admitted, unfinished, unevicted slice sets the 
 a pod set is min(spec count, admitted count, the owner's own desired count when its plugin can
 tell: an owner shrinks before Kueue lowers the slice's count); pods already released (or in flight) use it up;
 the rest is filled in the plugin's order, whole release groups at a time, never with a pod
-being deleted or one whose ownership is not proven.
+being deleted or one whose ownership is not proven. A pod bound to a ProvisioningRequest other
+than the active slice's, or whose release the API server refused for good, waits uncounted.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ungater.plugin_api import ReleaseGroup
 from ungater.podsetupdates import NO_CHANGES, PodChanges, fit_to_pod, merge_updates
 
 __all__ = [
+    "CONSUME_PROVISIONING_REQUEST",
     "Decision",
     "Ownership",
     "PodFacts",
@@ -34,6 +36,10 @@ __all__ = [
     "order_slices",
     "pod_set_caps",
 ]
+
+
+#: The annotation a ProvisioningRequest admission check puts on the pods it provisioned for.
+CONSUME_PROVISIONING_REQUEST = "autoscaling.x-k8s.io/consume-provisioning-request"
 
 
 class Ownership(enum.Enum):
@@ -84,6 +90,7 @@ class PodSetReport:
     waiting: tuple[Waiting, ...] = ()
     problem: str = ""
     desired_count: int | None = None  # the owner's own size for this pod set, when known
+    stale: tuple[str, ...] = ()  # gated pods bound to another slice's ProvisioningRequest
 
     @property
     def free(self) -> int:
@@ -193,6 +200,7 @@ def _decide_pod_set(
     in_flight: frozenset[str],
     updates: tuple[PodChanges, str] = (NO_CHANGES, ""),
     blocked: Mapping[str, str] | None = None,
+    provisioning_request: str | None = None,
 ) -> tuple[PodSetReport, list[Release]]:
     wanted, set_conflict = updates
     fitted: dict[str, PodChanges] = {}
@@ -200,6 +208,7 @@ def _decide_pod_set(
     waiting: list[Waiting] = []
     eligible: list[PodFacts] = []
     blocked_groups: dict[str, str] = {}
+    stale: list[str] = []
     present_in_group: dict[str, int] = {}
     for f in facts:
         pod = f.pod
@@ -230,6 +239,19 @@ def _decide_pod_set(
             waiting.append(Waiting(pod.name, refused))
             if f.group is not None:
                 blocked_groups[f.group.key] = f"member {pod.name}: {refused}"
+            continue
+        bound_to = pod.annotations.get(CONSUME_PROVISIONING_REQUEST)
+        if provisioning_request and bound_to and bound_to != provisioning_request:
+            # made for capacity an older slice provisioned, which is not this slice's: it
+            # stays gated and takes no slot, to be recycled by its owner (as upstream does)
+            reason = (
+                f"stale ProvisioningRequest: the pod consumes {bound_to!r}, the active slice "
+                f"provisioned {provisioning_request!r}"
+            )
+            waiting.append(Waiting(pod.name, reason))
+            stale.append(pod.name)
+            if f.group is not None:
+                blocked_groups[f.group.key] = f"member {pod.name}: {reason}"
             continue
         changes, conflict = (
             fit_to_pod(wanted, pod) if not set_conflict else (NO_CHANGES, set_conflict)
@@ -295,6 +317,7 @@ def _decide_pod_set(
         waiting=tuple(waiting),
         problem=cap.problem,
         desired_count=cap.desired,
+        stale=tuple(stale),
     )
     return report, chosen
 
@@ -347,12 +370,12 @@ def decide(
     reports: list[PodSetReport] = []
     releases: list[Release] = []
     for name, cap in caps.items():
-        updates = (
-            merge_updates(active.pod_set_updates, name)
-            if apply_pod_set_updates
-            else (NO_CHANGES, "")
+        merged = merge_updates(active.pod_set_updates, name)
+        updates = merged if apply_pod_set_updates else (NO_CHANGES, "")
+        request = merged[0].annotations.get(CONSUME_PROVISIONING_REQUEST)
+        report, chosen = _decide_pod_set(
+            name, cap, by_set[name], gate, flying, updates, blocked, request
         )
-        report, chosen = _decide_pod_set(name, cap, by_set[name], gate, flying, updates, blocked)
         reports.append(report)
         releases.extend(chosen)
     summary = f"active slice {active.name}: releasing {len(releases)}"

@@ -34,6 +34,7 @@ __all__ = [
     "PODS_UNMAPPED",
     "RELEASED",
     "RELEASE_BLOCKED",
+    "STALE_PROVISIONING_REQUEST",
     "STOOD_DOWN",
     "WARNING",
     "EventClient",
@@ -51,6 +52,7 @@ PODS_UNMAPPED = "PodsUnmapped"  # Warning: pods whose pod set the active slice d
 PLUGIN_ERROR = "PluginError"  # Warning: the kind's plugin failed on this owner
 FOREIGN_RELEASE = "ForeignRelease"  # Warning: someone else removed our gate
 RELEASE_BLOCKED = "ReleaseBlocked"  # Warning: the API server refused a release for good
+STALE_PROVISIONING_REQUEST = "StaleProvisioningRequest"  # Warning: pods for another PR
 STOOD_DOWN = "StoodDown"  # Warning: another releaser works this kind's gate; we stopped
 MAX_MESSAGE = 1024
 KUEUE_GROUP = "kueue.x-k8s.io"

@@ -268,6 +268,7 @@ def _as_dict(
                 "chosen": list(r.chosen),
                 "waiting": [asdict(w) for w in r.waiting],
                 "problem": r.problem,
+                "staleProvisioningRequest": list(r.stale),
             }
             for r in decision.pod_sets
         ],

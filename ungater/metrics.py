@@ -172,7 +172,18 @@ class ControllerCollector(Collector):
         )
         for kind, rt in (getattr(c, "kinds", None) or {}).items():
             stood.add_metric([str(kind)], 1.0 if getattr(rt, "stood_down", "") else 0.0)
-        return (findings, stood)
+        stale = sum(
+            len(getattr(r, "stale", ()))
+            for d in (getattr(c, "decisions", None) or {}).values()
+            for r in getattr(d, "pod_sets", ())
+        )
+        stale_pods = GaugeMetricFamily(
+            "ungater_pods_stale_provisioning_request",
+            "Gated pods bound to a ProvisioningRequest other than the active slice's: they stay "
+            "gated and uncounted.",
+            value=float(stale),
+        )
+        return (findings, stood, stale_pods)
 
     @staticmethod
     def _caches(c: Any) -> Iterable[Metric]:
