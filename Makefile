@@ -11,9 +11,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
+# PYTHONWARNINGS: setuptools prints a boxed "editable installation" notice for every editable
+# install (a UserWarning in the build backend); it is noise to a newcomer, not a problem.
 $(STAMP): $(BIN)/python pyproject.toml examples/ungater-leaderworkerset/pyproject.toml
-	$(BIN)/pip install -q -e '.[test]'
-	$(BIN)/pip install -q -e examples/ungater-leaderworkerset
+	PYTHONWARNINGS=ignore::UserWarning $(BIN)/pip install -q -e '.[test]'
+	PYTHONWARNINGS=ignore::UserWarning $(BIN)/pip install -q -e examples/ungater-leaderworkerset
 	touch $(STAMP)
 
 install: $(STAMP)
