@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -43,7 +44,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"ungater {__version__}")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    # `--debug` after the command too (`ungater run --debug`); SUPPRESS keeps the top-level
+    # value when it is not given there
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors"
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    add = sub.add_parser
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return add(name, help=text, description=text, parents=[common])
 
     def cluster_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--config", "-c", type=Path, help="config file (YAML); default: built-in")
@@ -52,38 +63,44 @@ def _parser() -> argparse.ArgumentParser:
             type=Path,
             help="kubeconfig; default $KUBECONFIG, ~/.kube/config, then in-cluster",
         )
-        sp.add_argument("--context", help="kubeconfig context")
+        sp.add_argument("--context", help="kubeconfig context; default: the current one")
 
-    run = sub.add_parser("run", help="run the controller")
+    run = command("run", "run the controller")
     cluster_args(run)
     run.add_argument(
         "--no-leader-election",
         action="store_true",
         help="act without a Lease (one replica only: two would both release)",
     )
-    check = sub.add_parser(
+    check = command(
         "check-config",
-        help="validate a config file as `run` would (exit 2 if it would refuse it), print it",
+        "validate a config file as `run` would (exit 2 if it would refuse it), print it",
     )
-    check.add_argument("file", type=Path)
-    plugins = sub.add_parser("plugins", help="list installed plugins and the kinds they serve")
-    plugins.add_argument("--json", action="store_true")
-    explain = sub.add_parser("explain", help="print why each pod of a workload is (not) released")
-    explain.add_argument("workload", metavar="NAMESPACE/WORKLOAD")
-    explain.add_argument("--json", action="store_true")
+    check.add_argument("file", type=Path, help="the config file (YAML)")
+    plugins = command("plugins", "list installed plugins and the kinds they serve")
+    plugins.add_argument("--json", action="store_true", help="JSON instead of a table")
+    explain = command("explain", "print why each pod of a workload is (not) released")
+    explain.add_argument(
+        "workload", metavar="NAMESPACE/WORKLOAD", help="the Workload (any slice of the owner)"
+    )
+    explain.add_argument("--json", action="store_true", help="the report as JSON")
     cluster_args(explain)
-    audit = sub.add_parser(
-        "audit",
-        help="read the cluster once and report over-releases, stalls and more (patches nothing)",
+    audit = command(
+        "audit", "read the cluster once and report over-releases, stalls and more (patches nothing)"
     )
     audit.add_argument("--namespace", "-n", help="only this namespace (default: the config's)")
-    audit.add_argument("--json", action="store_true")
+    audit.add_argument("--json", action="store_true", help="the findings as JSON")
     cluster_args(audit)
-    dev = sub.add_parser("dev-cluster", help="a local kube-apiserver, etcd and Job controller")
-    dev.add_argument("action", choices=["up", "down", "build"])
-    dev.add_argument("--state-dir", type=Path, default=None)
-    demo = sub.add_parser("demo", help="a narrated elastic-job scenario on a local dev cluster")
-    demo.add_argument("--state-dir", type=Path, default=None)
+    state_help = "where the cluster keeps its state; default: a directory under the cache"
+    dev = command("dev-cluster", "a local kube-apiserver, etcd and Job controller")
+    dev.add_argument(
+        "action",
+        choices=["up", "down", "build"],
+        help="up: start (detached); down: stop; build: build or reuse the binaries",
+    )
+    dev.add_argument("--state-dir", type=Path, default=None, help=state_help)
+    demo = command("demo", "a narrated elastic-job scenario on a local dev cluster")
+    demo.add_argument("--state-dir", type=Path, default=None, help=state_help)
     demo.add_argument("--fast", action="store_true", help="no pauses between steps")
     return p
 
@@ -321,6 +338,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `ungater plugins | head -1`: the reader has all it wanted
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes at exit
+        return 0
     except Exception as exc:
         if args.debug:
             raise

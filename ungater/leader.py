@@ -251,7 +251,7 @@ class LeaderElector:
                     await self._lead(term)
             finally:
                 self._run_scope = None
-                self._end_term("the elector stopped")
+                self._end_term("the elector stopped", logging.INFO)
 
     async def _acquire(self) -> None:
         while not self._released:  # until acquired; each pass is one attempt and one wait
@@ -458,12 +458,14 @@ class LeaderElector:
         self._notify()
         return term
 
-    def _end_term(self, why: str) -> None:
+    def _end_term(self, why: str, level: int = logging.WARNING) -> None:
+        """End the term; a warning unless it ends on purpose (``level``: a clean shutdown)."""
         term = self._term
         if term is None or not term.active:
             return
         term.lost.set()
-        log.warning(
+        log.log(
+            level,
             "lease %s/%s: %s stopped leading (term %d): %s",
             self.namespace,
             self.name,
@@ -489,7 +491,7 @@ class LeaderElector:
         a standby takes it at its next try. Call it after the work that needs leadership has
         stopped. True if the lease was handed over; never raises an API error."""
         self._released = True
-        self._end_term("released")
+        self._end_term("released", logging.INFO)
         if self._run_scope is not None:
             self._run_scope.cancel()
         with anyio.CancelScope(shield=True) as scope:

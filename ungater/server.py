@@ -129,7 +129,7 @@ class HealthServer:
         addresses = runner.addresses
         if addresses:
             self.port = int(addresses[0][1])
-        log.info("serving /metrics, /healthz and /readyz on %s:%d", self.host or "*", self.port)
+        log.debug("listening on %s:%d", self.host or "*", self.port)
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None

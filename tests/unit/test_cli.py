@@ -167,3 +167,47 @@ def test_check_config_prints_where_the_lease_is(
 
     assert out["leaderElection"]["namespace"] == "kube-system"
     assert out["leaderElection"]["leaseName"] == default_lease_name(["example.com/mine"])
+
+
+# -- small things a user meets ---------------------------------------------------------------
+
+
+def test_debug_is_accepted_before_and_after_the_command() -> None:
+    from ungater.cli import _parser
+
+    parse = _parser().parse_args
+    assert parse(["run", "--debug"]).debug is True
+    assert parse(["--debug", "explain", "a/b"]).debug is True
+    assert parse(["explain", "a/b"]).debug is False
+
+
+def test_every_command_and_option_has_help() -> None:
+    import argparse
+
+    from ungater.cli import _parser
+
+    parser = _parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert {c.dest for c in subparsers._choices_actions} == set(subparsers.choices)
+    missing = [
+        f"{name} {action.dest}"
+        for name, sub in subparsers.choices.items()
+        for action in sub._actions
+        if not action.help
+    ]
+    assert not missing, missing
+    assert all(c.help for c in subparsers._choices_actions)
+
+
+def test_a_closed_pipe_is_not_an_error() -> None:
+    """`ungater plugins | head -0`: the reader is gone before the first line is written."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ungater.cli", "plugins"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # long before the interpreter has imported anything
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0, err
+    assert err == ""

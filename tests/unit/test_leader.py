@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import random
 import re
 import time
@@ -273,7 +274,9 @@ async def test_standby_takes_over_after_expiry() -> None:
 
 
 @pytest.mark.anyio
-async def test_leader_that_cannot_renew_stops_before_its_lease_expires() -> None:
+async def test_leader_that_cannot_renew_stops_before_its_lease_expires(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     fake, clock = LeaseKube(), FakeClock()
     stopped: list[float] = []
     a = elector(fake, clock, "a", on_stopped_leading=lambda t: stopped.append(clock.now))
@@ -293,6 +296,8 @@ async def test_leader_that_cannot_renew_stops_before_its_lease_expires() -> None
 
         await clock.advance(10.0, check=never_both)
         assert stopped == [pytest.approx(last_accepted + 10.0)]  # at the deadline, not later
+        lost = [r for r in caplog.records if "stopped leading" in r.getMessage()]
+        assert [r.levelno for r in lost] == [logging.WARNING]  # not on purpose: a warning
         assert term.lost.is_set() and not a.is_leader
         assert a.stats.failures >= 4 and "500" in a.stats.last_error
         assert not b.is_leader
@@ -321,7 +326,8 @@ async def test_a_hanging_renewal_is_cut_at_the_renew_deadline() -> None:
 
 
 @pytest.mark.anyio
-async def test_release_lets_a_standby_acquire_at_once() -> None:
+async def test_release_lets_a_standby_acquire_at_once(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="ungater.leader")
     fake, clock = LeaseKube(), FakeClock()
     a, b = elector(fake, clock, "a"), elector(fake, clock, "b")
     async with anyio.create_task_group() as tg:
@@ -333,6 +339,9 @@ async def test_release_lets_a_standby_acquire_at_once() -> None:
         assert term is not None and not b.is_leader
         assert await a.release() is True
         assert term.lost.is_set() and not a.is_leader
+        # a hand-over on purpose (SIGTERM, a rollout) is news, not a warning
+        ended = [r for r in caplog.records if "stopped leading" in r.getMessage()]
+        assert [r.levelno for r in ended] == [logging.INFO], ended
         spec = fake.lease()["spec"]
         assert spec["holderIdentity"] == "" and spec["leaseDurationSeconds"] == 1
         await clock.advance(2.0 * 1.2)
