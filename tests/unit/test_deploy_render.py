@@ -431,6 +431,42 @@ def test_dockerfile_is_slim_non_root_and_read_only_ready() -> None:
     assert "*" in ignore and "!ungater/" in ignore, "the build context is allow-listed"
 
 
+def test_image_constraints_pin_every_runtime_dependency_exactly() -> None:
+    """deploy/constraints.txt pins, with ==, each package `pip install .` brings (followed
+    through the installed distributions' metadata), each within what its requirer allows, and
+    the Dockerfile installs with it and leaves no build tooling in the runtime stage."""
+    import importlib.metadata as md
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins: dict[str, str] = {}
+    for line in (DEPLOY / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, sep, version = line.partition("==")
+            assert sep and version.strip(), f"not an exact pin: {line!r}"
+            pins[canonicalize_name(name)] = version.strip()
+    seen: set[str] = set()
+    todo = [Requirement(r) for r in md.requires("ungater") or () if "extra ==" not in r]
+    while todo:
+        req = todo.pop()
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} (needed by the runtime) is not pinned"
+        assert req.specifier.contains(pins[name], prereleases=True), (req, pins[name])
+        if name not in seen:
+            seen.add(name)
+            todo += [Requirement(r) for r in md.requires(req.name) or ()]
+    assert not set(pins) - seen, f"pinned but not needed: {sorted(set(pins) - seen)}"
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert "--constraint constraints.txt" in text
+    runtime = text.split("# ---- runtime")[1]
+    for tool in ("pip", "setuptools", "wheel"):
+        assert re.search(rf"rm -rf .*\b{tool}\b", runtime, re.S), f"{tool} left in the runtime"
+    assert "!deploy/constraints.txt" in (DEPLOY / "Dockerfile.dockerignore").read_text().split()
+
+
 def test_operations_doc_covers_install_metrics_and_troubleshooting() -> None:
     text = (ROOT / "docs" / "operations.md").read_text()
     for needle in (
