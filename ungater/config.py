@@ -353,6 +353,13 @@ class Config(_Model):
     slice_handover_grace_seconds: float = Field(
         default=2.0, ge=0, le=600, alias="sliceHandoverGraceSeconds"
     )
+    policy_check_interval_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        le=86_400,
+        alias="policyCheckIntervalSeconds",
+        description="How often to look for an admission policy guarding the gate; 0: never.",
+    )
 
     @field_validator("gate")
     @classmethod

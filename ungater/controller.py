@@ -38,6 +38,7 @@ from ungater.events import (
     released_message,
 )
 from ungater.expectations import Expectations
+from ungater.guard import GateGuard
 from ungater.kube import PODS, ApiError, KubeClient, Resource
 from ungater.leader import LeaderElector, LeaderTerm
 from ungater.metrics import Metrics, seconds_since
@@ -163,6 +164,9 @@ class Controller:
         )
         self.auditor = Auditor(config.audit, config.slice_handover_grace_seconds, metrics, events)
         self.stand_down = StandDown(config.stand_down, clock)
+        self.guard = GateGuard(  # is each gate guarded against the other releaser?
+            client, (rt.gate for rt in self.kinds.values()), config.policy_check_interval_seconds
+        )
         self.fatal_error = ""  # set when the process must end (standDown.action: exit)
         self._stop: anyio.Event | None = None
         self._clock = clock
@@ -736,6 +740,7 @@ class Controller:
             if rt.stood_down:
                 line += f"; STOOD DOWN: {rt.stood_down}"
             lines.append(line)
+        lines.extend(st.line for st in self.guard.status.values())
         return lines
 
     async def _patch(self, r: Release) -> str:
@@ -872,6 +877,8 @@ class Controller:
         async with anyio.create_task_group() as tg:
             for r in self.reflectors:
                 tg.start_soon(r.run)
+            if self.guard.interval > 0:
+                tg.start_soon(self.guard.run)
             async with anyio.create_task_group() as sync_wait:
                 sync_wait.start_soon(self._wait_synced)
                 await _first_of(stop, self.ready)

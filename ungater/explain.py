@@ -17,6 +17,7 @@ from ungater.blocked import BLOCKED, classify_patch_error, server_message
 from ungater.config import Config, KindConfig
 from ungater.controller import KUEUE_GROUP, StartupError, workload_resource
 from ungater.decision import Decision, PodFacts, active_slice, decide, order_slices
+from ungater.guard import check_guards
 from ungater.kube import PODS, ApiError, KubeClient, Resource
 from ungater.model import (
     Kind,
@@ -194,6 +195,9 @@ async def explain(
         notes=notes,
     )
     report["mode"] = mode
+    guard = (await check_guards(client, [read.gate]))[read.gate]
+    report["guard"] = {"state": guard.state, "policies": list(guard.policies)}
+    report["notes"].append(guard.line)
     report["findings"] = [f.as_dict() for f in audit_read(config, read)]
     return report
 

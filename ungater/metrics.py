@@ -183,7 +183,17 @@ class ControllerCollector(Collector):
             "gated and uncounted.",
             value=float(stale),
         )
-        return (findings, stood, stale_pods)
+        guarded = GaugeMetricFamily(
+            "ungater_gate_guarded",
+            "1 when an admission policy refuses the gate's removal to the other releaser "
+            "(Kueue), 0 when none does, -1 when the policies cannot be read.",
+            labels=["gate"],
+        )
+        states = {"guarded": 1.0, "unguarded": 0.0}
+        status = getattr(getattr(c, "guard", None), "status", None) or {}
+        for gate, st in sorted(status.items()):
+            guarded.add_metric([gate], states.get(getattr(st, "state", ""), -1.0))
+        return (findings, stood, stale_pods, guarded)
 
     @staticmethod
     def _caches(c: Any) -> Iterable[Metric]:

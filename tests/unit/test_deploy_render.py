@@ -40,6 +40,11 @@ CLUSTER_RULES: frozenset[Rule] = frozenset(
     | {("jobset.x-k8s.io", "jobsets", v, None) for v in ("get", "list", "watch")}
     | {("ray.io", "rayclusters", v, None) for v in ("get", "list", "watch")}
     | {("", "events", v, None) for v in ("create", "patch")}
+    | {
+        ("admissionregistration.k8s.io", r, v, None)
+        for r in ("validatingadmissionpolicies", "validatingadmissionpolicybindings")
+        for v in ("get", "list")
+    }
 )
 FORBIDDEN_VERBS = frozenset(
     {"delete", "deletecollection", "update", "escalate", "bind", "impersonate"}

@@ -144,8 +144,9 @@ async def test_repeated_foreign_releases_make_the_kind_stand_down_to_audit() -> 
         assert ctl.metrics is not None
         text = ctl.metrics.render().decode()
         assert 'ungater_stood_down{kind="Job.batch"} 1.0' in text
-        (line,) = ctl.status_lines()
+        line, guard = ctl.status_lines()
         assert line.startswith("Job.batch: audit") and "STOOD DOWN" in line
+        assert guard.startswith("gate kueue.x-k8s.io/elastic-job: not guarded")
 
 
 @pytest.mark.anyio
