@@ -117,3 +117,50 @@ def test_chart_rbac_has_no_pod_patch_in_audit_mode(helm: Path) -> None:  # noqa:
     assert pod_verbs(config=one_releases) == {"get", "list", "watch", "patch"}
     all_audit = {"kinds": [{"group": "batch", "kind": "Job", "mode": "audit"}]}
     assert pod_verbs(config=all_audit) == {"get", "list", "watch"}
+
+
+async def test_release_mode_stands_down_when_another_releaser_keeps_removing_the_gate(
+    control_plane: Any, kube: Kube, kube_namespace: str
+) -> None:
+    ns = kube_namespace
+    job, sel = await make_job(kube, ns, "train", 5)
+    await create_workload(kube, job, "job-train-a", {"main": 5})
+    config = config_for(
+        ns, standDown={"foreignReleases": 2, "windowSeconds": 60}, audit={"reportAfterSeconds": 0}
+    )
+    async with observed_controller(control_plane.kubeconfig_path, config) as ctl:
+        await admit(kube, ns, "job-train-a", {"main": 2})
+
+        async def released() -> list[int]:
+            return sorted(
+                index(p)
+                for p in await kube.list(PODS, ns, sel)
+                if GATE not in [g["name"] for g in p["spec"].get("schedulingGates") or []]
+            )
+
+        await eventually(lambda: _eq(released(), [0, 1]), what="ungater releases 0 and 1")
+        rt = next(rt for k, rt in ctl.kinds.items() if str(k) == "Job.batch")
+        assert rt.mode == "release"
+        await release_all(kube, ns, sel, {3, 4})  # a second releaser at work
+        await eventually(lambda: rt.stood_down != "", timeout=15, what="the stand-down")
+        assert rt.mode == "audit" and ctl.stats.foreign_releases == 2
+        (ev,) = await eventually(lambda: events_with(kube, ns, "StoodDown"), what="StoodDown")
+        assert ev["involvedObject"]["name"] == "job-train-a" and "audit" in ev["message"]
+        assert any(
+            line.startswith("Job.batch: audit") and "STOOD DOWN" in line
+            for line in ctl.status_lines()
+        )
+        assert ctl.metrics is not None
+        assert 'ungater_stood_down{kind="Job.batch"} 1.0' in ctl.metrics.render().decode()
+        # from now on it only reports: 4 released for an admitted 2, nothing patched
+        await eventually(
+            lambda: any(f.finding == "OverRelease" for f in ctl.auditor.tracker.findings()),
+            what="audit reports the over-release",
+        )
+        await admit(kube, ns, "job-train-a", {"main": 5})  # room for index 2 now
+        await holds_for(lambda: _eq(released(), [0, 1, 3, 4]), 1.0, what="no patch after")
+        assert ctl.stats.released == 2
+
+
+async def _eq(value: Any, want: Any) -> bool:
+    return bool(await value == want)
