@@ -8,16 +8,20 @@ import copy
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace as _replace
 from typing import Any
 
 import anyio
 import pytest
 import ungater_plugins.job as job_plugin
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.fakekube import FakeKube
 from tests.objects import GATE, JOBS, PODS, WORKLOADS, job_pod, ungated, workload
 from tests.polling import eventually, holds_for
 from tests.unit.builders import facts, wl_view
+from tests.unit.builders import workload as raw_workload
 from ungater.blocked import (
     BLOCKED,
     CONFLICT,
@@ -29,10 +33,11 @@ from ungater.blocked import (
 )
 from ungater.config import Config
 from ungater.controller import Controller
-from ungater.decision import decide
+from ungater.decision import CONSUME_PROVISIONING_REQUEST, decide
 from ungater.events import EventRecorder
 from ungater.kube import EVENTS, ApiError
 from ungater.metrics import Metrics
+from ungater.model import parse_workload
 from ungater.registry import PluginRegistry
 
 NS = "team-a"
@@ -294,3 +299,43 @@ async def test_a_release_landing_on_a_pod_being_deleted_is_no_release() -> None:
         (ev,) = await eventually(lambda: events(fake, "Released"))
         assert ev["message"] == "released 1 pod of pod set main"
         assert not events(fake, "ForeignRelease")
+
+
+# -- properties: a refused (or stale) pod never takes a slot, never exceeds the cap ---------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(min_value=0, max_value=8),
+    cap=st.integers(min_value=0, max_value=8),
+    released_ix=st.sets(st.integers(min_value=0, max_value=7)),
+    blocked_ix=st.sets(st.integers(min_value=0, max_value=7)),
+    stale_ix=st.sets(st.integers(min_value=0, max_value=7)),
+)
+def test_refused_and_stale_pods_wait_and_the_cap_holds(
+    n: int, cap: int, released_ix: set[int], blocked_ix: set[int], stale_ix: set[int]
+) -> None:
+    wl = raw_workload(pod_sets={"main": 8}, admitted={"main": cap})
+    wl["status"]["admissionChecks"] = [
+        {
+            "name": "prov",
+            "podSetUpdates": [
+                {"name": "main", "annotations": {CONSUME_PROVISIONING_REQUEST: "new"}}
+            ],
+        }
+    ]
+    pods = []
+    for i in range(n):
+        f = facts(f"p{i}", sort_key=(i,), gates=() if i in released_ix else (GATE,))
+        if i in stale_ix:
+            annotations = {**f.pod.annotations, CONSUME_PROVISIONING_REQUEST: "old"}
+            f = _replace(f, pod=_replace(f.pod, annotations=annotations))
+        pods.append(f)
+    blocked = {f"uid-p{i}": "refused" for i in blocked_ix}
+    d = decide([parse_workload(wl)], pods, GATE, blocked=blocked)
+    released = {i for i in released_ix if i < n}
+    waiting = [
+        i for i in range(n) if i not in released and i not in blocked_ix and i not in stale_ix
+    ]
+    expected = waiting[: max(0, cap - len(released))]  # the first in order, up to the cap
+    assert d.released_names == [f"p{i}" for i in expected]
