@@ -21,7 +21,7 @@ from ungater.assess import owner_of, pod_facts
 from ungater.auditing import Auditor
 from ungater.blocked import BLOCKED, GONE, BlockedReleases, classify_patch_error, server_message
 from ungater.cache import OwnerKey, PodIndex, WorkloadIndex, ancestors
-from ungater.config import Config
+from ungater.config import DEFAULT_GATE, Config
 from ungater.decision import Decision, PodFacts, Release, active_slice, decide, order_slices
 from ungater.events import (
     FOREIGN_RELEASE,
@@ -859,6 +859,22 @@ class Controller:
             self.workload_version,
             ", ".join(self.config.namespaces) or "all namespaces",
         )
+        if self.guard.interval > 0:
+            await self.guard.refresh()  # at start-up, then every interval (run)
+        for kind, rt in self.kinds.items():
+            st = self.guard.status.get(rt.gate)
+            if rt.mode == "release" and rt.gate == DEFAULT_GATE and st and st.state != "guarded":
+                log.warning(
+                    "%s releases %s, which every Kueue that makes slices releases itself, and "
+                    "no admission policy guarding it was found (%s): if Kueue runs here, "
+                    "standDown.action %s applies after %d foreign releases; install the "
+                    "admission policy or choose mode: audit (docs/config.md)",
+                    kind,
+                    rt.gate,
+                    st.state,
+                    self.config.stand_down.action,
+                    self.config.stand_down.foreign_releases,
+                )
 
     async def run(
         self, stop: anyio.Event, elector: LeaderElector | None = None, grace: float = 10.0

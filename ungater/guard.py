@@ -121,6 +121,8 @@ class GateGuard:
         return fresh
 
     async def run(self) -> None:
+        """Refresh every ``interval`` seconds (at once if never refreshed) until cancelled."""
         while True:  # until cancelled with the controller; one read per interval
+            if self.checks:
+                await anyio.sleep(self.interval)
             await self.refresh()
-            await anyio.sleep(self.interval)

@@ -174,6 +174,17 @@ async def test_policy_refuses_only_kueues_gate_removal_and_ungater_sees_it(
         await other.close()
 
 
+def test_chart_schema_refuses_a_bad_admission_policy(helm: Path) -> None:  # noqa: F811
+    for values, error in (
+        ({"admissionPolicy": {"failurePolicy": "Sometimes"}}, "failurePolicy"),
+        ({"admissionPolicy": {"kueueNamespace": ""}}, "kueueNamespace"),
+        ({"admissionPolicy": {"namespace": "typo"}}, "'namespace' not allowed"),
+    ):
+        proc = helm_tool.run_helm(helm, ["template", "x", str(CHART)], values=values)
+        assert proc.returncode != 0, f"accepted {values}"
+        assert error in proc.stderr, proc.stderr
+
+
 if __name__ == "__main__":
     found = helm_tool.find_helm()
     if found is None:
