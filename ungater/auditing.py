@@ -93,7 +93,13 @@ class Auditor:
         by_name = {w.name: w for w in slices}
         for f in due:
             self._report(f, by_name.get(f.workload or ""), workload_version)
-        stall_due = [t + self.config.stall_seconds for t in since.values()]
+        # look again when a releasable pod would become a stall (not for those that already are:
+        # an open finding needs no polling, the next event re-audits the owner)
+        stall_due = [
+            t + self.config.stall_seconds
+            for t in since.values()
+            if t + self.config.stall_seconds > now
+        ]
         times = [t for t in (next_check, min(stall_due, default=None)) if t is not None]
         wait = max(0.05, min(times) - now) if times else None
         return decision, wait

@@ -310,3 +310,16 @@ async def test_one_shot_audit_reads_every_owner_and_names_the_pods() -> None:
     shown = await explain(fake, oneshot_config(), registry, NS, "train-a")
     assert [x["finding"] for x in shown["findings"]] == [OVER_RELEASE]
     assert shown["mode"] == "release"
+
+
+@pytest.mark.anyio
+async def test_an_open_stall_is_not_polled_in_a_loop() -> None:
+    fake = FakeKube()
+    owner = setup_job(fake, 2, released_ix=set())
+    fake.put(WORKLOADS, workload(owner, "train-a", count=2, admitted=1))
+    async with auditing(fake) as ctl:
+        await eventually(lambda: any(f.finding == STALLED for f in ctl.auditor.tracker.findings()))
+        before = ctl.stats.reconciles
+        await anyio.sleep(0.5)
+        # nothing changes: at most a look or two, not one every 50 ms
+        assert ctl.stats.reconciles - before <= 2, ctl.stats.reconciles - before
