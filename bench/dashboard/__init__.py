@@ -1,0 +1,1 @@
+"""The dashboard picture in docs/: real metrics, Prometheus's engine, headless Chromium."""
