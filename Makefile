@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo install control-plane helm manifests lint unit integration bench clean
+.PHONY: test demo demo-notice install control-plane helm manifests lint unit integration bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,8 +45,14 @@ integration: control-plane helm
 test: control-plane helm lint
 	$(BIN)/python -m pytest tests examples/ungater-leaderworkerset/tests -q
 
-demo: control-plane
+# Measured on two cores: the control plane 9.5 min, Kueue 5, KubeRay and JobSet 2.5 each.
+demo: demo-notice control-plane
 	$(BIN)/ungater demo
+
+demo-notice:
+	@echo "make demo: the first run on a new machine builds Kubernetes, etcd, Kueue, the KubeRay"
+	@echo "operator and the JobSet controller from their Go modules (about 20 minutes on two cores,"
+	@echo "progress every 30 s); later runs reuse them from ~/.cache/ungater and start in a minute."
 
 # The benchmarks (docs/benchmarks.md): about 15 minutes on 2 cores; not part of `make test`,
 # which runs only their smoke size (tests/integration/test_bench_smoke.py).
