@@ -227,3 +227,19 @@ async def test_readyz_shows_the_detail_lines() -> None:
     async with server, aiohttp.ClientSession() as s, s.get(f"{server.url}/readyz") as r:
         assert r.status == 503
         assert (await r.text()).startswith("not ready\ndetail unavailable")
+
+
+@pytest.mark.anyio
+async def test_a_standby_never_counts_the_leaders_releases_as_foreign() -> None:
+    fake = FakeKube()
+    b = setup_job(fake, "b", 2)
+    fake.put(WORKLOADS, workload(b, "b-1", count=2))
+    async with running(fake, make_config(standDown={"foreignReleases": 1})) as ctl:
+        ctl._leading = lambda: False  # a standby: the leader's releases arrive by the watch
+        strip_gate(fake, "b-0-x000")
+        await holds_for(lambda: ctl.stats.foreign_releases == 0, 0.3, what="not counted")
+        (rt,) = ctl.kinds.values()
+        assert rt.mode == "release" and not rt.stood_down
+        ctl._leading = lambda: True
+        strip_gate(fake, "b-1-x001")
+        await eventually(lambda: ctl.stats.foreign_releases == 1, what="counted when leading")
