@@ -1,9 +1,15 @@
 """``ungater demo``: a narrated elastic-job scenario on a real local control plane.
 
-It starts kube-apiserver, etcd and kube-controller-manager (the Job controller is real: it
-creates and deletes the pods), runs ``ungater run`` as a separate process exactly as a user
-would, and plays Kueue's part itself: it writes the Workload slices and their admission. Each
-step that stands in for Kueue says so.
+It starts etcd, kube-apiserver, kube-controller-manager (the real Job controller creates and
+deletes the pods) and the real Kueue v0.17.0 (its webhooks suspend and gate the Job, its
+scheduler admits Workload slices against a ClusterQueue's quota), then runs ``ungater run`` as
+a separate process exactly as a user would.  Nothing is simulated: the demo only does what a
+user does (create queues and Jobs, scale, delete) and prints what the cluster shows.
+
+Kueue v0.17.0 removes its own gate (``kueue.x-k8s.io/elastic-job``) itself, from every pod of
+an admitted slice at once; there is no switch to turn that off.  So the Job's template carries
+a second gate that ungater releases, one pod per admitted slot, lowest completion index first:
+a pod is scheduled only once both are gone.
 """
 
 from __future__ import annotations
@@ -14,43 +20,86 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from ungater.config import DEFAULT_GATE
 from ungater.kube import PODS, ApiClientKube, Resource, connect
 
-__all__ = ["run_demo"]
+__all__ = ["DEMO_GATE", "run_demo"]
 
 NS = "ungater-demo"
+QUEUE = "demo"
+QUOTA = 6
+KUEUE_GATE = "kueue.x-k8s.io/elastic-job"
+#: the gate ungater releases in the demo (Kueue releases its own; see the module docstring)
+DEMO_GATE = "example.com/ungater"
 JOBS = Resource("batch", "v1", "jobs", "Job")
 WORKLOADS = Resource("kueue.x-k8s.io", "v1beta2", "workloads", "Workload")
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
-KUEUE = "\033[35m[simulating Kueue]\033[0m" if sys.stdout.isatty() else "[simulating Kueue]"
+CLUSTER_QUEUES = Resource(
+    "kueue.x-k8s.io", "v1beta2", "clusterqueues", "ClusterQueue", namespaced=False
+)
+LOCAL_QUEUES = Resource("kueue.x-k8s.io", "v1beta2", "localqueues", "LocalQueue")
+FLAVORS = Resource(
+    "kueue.x-k8s.io", "v1beta2", "resourceflavors", "ResourceFlavor", namespaced=False
+)
 
 
 def say(text: str = "") -> None:
     print(text, flush=True)
 
 
-def _cond(kind: str, reason: str) -> dict[str, Any]:
+def _gates(p: dict[str, Any]) -> list[str]:
+    return [g["name"] for g in p["spec"].get("schedulingGates") or ()]
+
+
+def _true(obj: dict[str, Any], kind: str) -> bool:
+    return any(
+        c.get("type") == kind and c.get("status") == "True"
+        for c in (obj.get("status") or {}).get("conditions") or ()
+    )
+
+
+def job_body(name: str, n: int, *, elastic: bool = True) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [
+            {"name": "main", "image": "trainer", "resources": {"requests": {"cpu": "1"}}}
+        ],
+    }
+    if elastic:
+        spec["schedulingGates"] = [{"name": DEMO_GATE}]
     return {
-        "type": kind,
-        "status": "True",
-        "reason": reason,
-        "message": "set by ungater demo",
-        "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "labels": {"kueue.x-k8s.io/queue-name": QUEUE},
+            "annotations": {"kueue.x-k8s.io/elastic-job": "true"} if elastic else {},
+        },
+        "spec": {
+            "parallelism": n,
+            "completions": n,
+            "completionMode": "Indexed",
+            "template": {"spec": spec},
+        },
     }
 
 
 class Scenario:
-    def __init__(self, client: ApiClientKube, pause: float) -> None:
+    def __init__(
+        self, client: ApiClientKube, pause: float, admin: Callable[..., Any] | None = None
+    ) -> None:
         self.c = client
+        self.admin = admin
         self.pause = pause
         self.job: dict[str, Any] = {}
         self._last_table = ""
+        self._last_slices = ""
+        self.active_slice = ""
 
     async def step(self, title: str) -> None:
         say()
@@ -69,181 +118,185 @@ class Scenario:
 
     @staticmethod
     def released(p: dict[str, Any]) -> bool:
-        return DEFAULT_GATE not in [g["name"] for g in p["spec"].get("schedulingGates") or ()]
+        return DEMO_GATE not in _gates(p)
 
     def table(self, pods: list[dict[str, Any]]) -> str:
-        rows = ["   index  pod                        gate        state"]
+        rows = ["   index  pod                    ungater's gate  Kueue's gate  state"]
         for p in pods:
             meta = p["metadata"]
             state = "deleting" if meta.get("deletionTimestamp") else p["status"].get("phase", "?")
+            ours = "released" if self.released(p) else "gated"
+            kueue = "gated" if KUEUE_GATE in _gates(p) else "released"
             rows.append(
                 f"   {meta['annotations']['batch.kubernetes.io/job-completion-index']:>5}  "
-                f"{meta['name']:<26} {'released' if self.released(p) else 'gated':<11} {state}"
+                f"{meta['name']:<22} {ours:<15} {kueue:<13} {state}"
             )
         return "\n".join(rows)
 
-    async def watch_until(self, want_released: int, want_total: int, timeout: float = 30) -> None:
-        """Print the table each time it changes, until the expected state (or the deadline)."""
+    async def slices(self) -> str:
+        items, _ = await self.c.list_objects(WORKLOADS, NS)
+        mine = [
+            w
+            for w in items
+            if any(
+                r.get("uid") == self.job["metadata"]["uid"]
+                for r in w["metadata"].get("ownerReferences") or ()
+            )
+        ]
+        mine.sort(key=lambda w: (w["metadata"]["creationTimestamp"], w["metadata"]["name"]))
+        rows = []
+        for w in mine:
+            count = w["spec"]["podSets"][0]["count"]
+            admission = (w.get("status") or {}).get("admission") or {}
+            assigned = [a.get("count") for a in admission.get("podSetAssignments") or ()]
+            if _true(w, "Finished"):
+                state = "finished (replaced)"
+            elif _true(w, "Admitted"):
+                state = f"ADMITTED {assigned[0] if assigned else count}"
+                self.active_slice = w["metadata"]["name"]
+            else:
+                state = "pending: waiting for quota"
+            rows.append(f"   slice {w['metadata']['name']:<24} asks for {count:>2}   {state}")
+        return "\n".join(rows)
+
+    async def show(self) -> tuple[int, int]:
+        pods = [p for p in await self.pods() if not p["metadata"].get("deletionTimestamp")]
+        slices = await self.slices()
+        table = self.table(pods)
+        if not pods and not slices:
+            return 0, 0
+        if slices != self._last_slices or table != self._last_table:
+            if slices != self._last_slices:
+                say(slices)
+            say(table)
+            say()
+            self._last_slices, self._last_table = slices, table
+        return len(pods), sum(map(self.released, pods))
+
+    async def watch_until(self, want_released: int, want_total: int, timeout: float = 60) -> None:
+        """Print the slices and pods each time they change, until the expected state."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            pods = [p for p in await self.pods() if not p["metadata"].get("deletionTimestamp")]
-            table = self.table(pods)
-            if table != self._last_table:
-                say(table)
-                say()
-                self._last_table = table
-            if len(pods) == want_total and sum(map(self.released, pods)) == want_released:
+            total, released = await self.show()
+            if total == want_total and released == want_released:
                 return
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.1)
         raise RuntimeError(f"expected {want_released} of {want_total} pods released by now")
 
-    async def workload(self, name: str, count: int, replaces: str | None = None) -> None:
-        ann = {
-            "kueue.x-k8s.io/elastic-job": "true",
-            "kueue.x-k8s.io/workload-slice-name": "job-train-a",
-        }
-        if replaces:
-            ann["kueue.x-k8s.io/workload-slice-replacement-for"] = f"{NS}/{replaces}"
-        meta = self.job["metadata"]
-        await self.c.create(
-            WORKLOADS,
-            NS,
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "Workload",
-                "metadata": {
-                    "name": name,
-                    "annotations": ann,
-                    "ownerReferences": [
-                        {
-                            "apiVersion": "batch/v1",
-                            "kind": "Job",
-                            "name": meta["name"],
-                            "uid": meta["uid"],
-                            "controller": True,
-                            "blockOwnerDeletion": True,
-                        }
-                    ],
-                },
-                "spec": {
-                    "queueName": "demo",
-                    "podSets": [
-                        {
-                            "name": "main",
-                            "count": count,
-                            "template": {
-                                "spec": {"containers": [{"name": "main", "image": "trainer"}]}
-                            },
-                        }
-                    ],
-                },
-            },
-        )
+    async def hold(self, seconds: float) -> None:
+        """Keep printing changes for a while (the state should not move)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            await self.show()
+            await anyio.sleep(0.1)
 
-    async def admit(self, name: str, count: int) -> None:
-        await self.c.merge_patch(
-            WORKLOADS,
-            NS,
-            name,
-            {
-                "status": {
-                    "admission": {
-                        "clusterQueue": "demo",
-                        "podSetAssignments": [
-                            {"name": "main", "count": count, "flavors": {"cpu": "default"}}
-                        ],
-                    },
-                    "conditions": [
-                        _cond("QuotaReserved", "QuotaReserved"),
-                        _cond("Admitted", "Admitted"),
-                    ],
-                }
-            },
-            "status",
-        )
+    async def delete_job(self, name: str) -> None:
+        """Delete a Job with its pods and Workload, as ``kubectl delete job`` does (the API's
+        default for Jobs orphans them, and an orphaned Workload keeps its quota)."""
+        path = f"/apis/batch/v1/namespaces/{NS}/jobs/{name}"
+        options = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        if self.admin is None:
+            await self.c.delete(JOBS, NS, name)
+            return
+        admin = self.admin
+        status, body = await anyio.to_thread.run_sync(lambda: admin("DELETE", path, options))
+        if status not in (200, 202):
+            raise RuntimeError(f"deleting Job {name}: HTTP {status}: {body}")
 
-    async def run(self) -> None:
+    async def pending_slice(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if "pending" in await self.slices():
+                return
+            await anyio.sleep(0.1)
+        raise RuntimeError("Kueue made no scale-up slice")
+
+    async def queues(self) -> None:
         await self.c.create(
             NAMESPACES, None, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
         )
-        await self.step("1. A user creates an elastic Indexed Job with 4 pods, gated")
-        say(f"   Its pod template carries the scheduling gate {DEFAULT_GATE}. The real Job")
-        say("   controller creates the pods at once; the gate keeps the scheduler away.")
-        self.job = await self.c.create(
-            JOBS,
-            NS,
+        await self.c.create(
+            FLAVORS,
+            None,
             {
-                "apiVersion": "batch/v1",
-                "kind": "Job",
-                "metadata": {
-                    "name": "train",
-                    "annotations": {"kueue.x-k8s.io/elastic-job": "true"},
-                },
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "ResourceFlavor",
+                "metadata": {"name": "default-flavor"},
+            },
+        )
+        await self.c.create(
+            CLUSTER_QUEUES,
+            None,
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "ClusterQueue",
+                "metadata": {"name": QUEUE},
                 "spec": {
-                    "parallelism": 4,
-                    "completions": 4,
-                    "completionMode": "Indexed",
-                    "template": {
-                        "spec": {
-                            "schedulingGates": [{"name": DEFAULT_GATE}],
-                            "restartPolicy": "Never",
-                            "containers": [{"name": "main", "image": "trainer"}],
+                    "namespaceSelector": {},
+                    "resourceGroups": [
+                        {
+                            "coveredResources": ["cpu"],
+                            "flavors": [
+                                {
+                                    "name": "default-flavor",
+                                    "resources": [{"name": "cpu", "nominalQuota": str(QUOTA)}],
+                                }
+                            ],
                         }
-                    },
+                    ],
                 },
             },
         )
-        await self.watch_until(0, 4)
-
-        await self.step(f"2. {KUEUE} a Workload slice asks for 4 pods; quota admits only 2")
-        await self.workload("job-train-a", 4)
-        await self.admit("job-train-a", 2)
-        say("   ungater releases exactly 2 pods, lowest completion index first:")
-        await self.watch_until(2, 4)
-
-        await self.step(f"3. Quota frees up: {KUEUE} the slice's admission grows to 4")
-        await self.admit("job-train-a", 4)
-        await self.watch_until(4, 4)
-
-        await self.step("4. The user scales the Job up to 6; the Job controller adds 2 gated pods")
-        await self.c.merge_patch(JOBS, NS, "train", {"spec": {"parallelism": 6, "completions": 6}})
-        await self.watch_until(4, 6)
-        say(f"   {KUEUE} a replacement slice asks for the new total, 6. Until it is admitted")
-        say("   the new pods stay gated.")
-        await self.workload("job-train-b", 6, replaces="job-train-a")
-        await anyio.sleep(max(self.pause, 0.5))
-        await self.watch_until(4, 6)
-
-        await self.step(f"5. {KUEUE} the replacement slice is admitted; the old one is finished")
-        await self.admit("job-train-b", 6)
-        await self.c.merge_patch(
-            WORKLOADS,
+        await self.c.create(
+            LOCAL_QUEUES,
             NS,
-            "job-train-a",
             {
-                "status": {
-                    "conditions": [
-                        _cond("QuotaReserved", "QuotaReserved"),
-                        _cond("Admitted", "Admitted"),
-                        _cond("Finished", "WorkloadSliceReplaced"),
-                    ]
-                }
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "LocalQueue",
+                "metadata": {"name": QUEUE, "namespace": NS},
+                "spec": {"clusterQueue": QUEUE},
             },
-            "status",
         )
-        await self.watch_until(6, 6)
 
-        await self.step(
-            f"6. Scale down to 3: the Job controller deletes the highest indexes; {KUEUE}"
-        )
-        say("   lowers the slice's count in place (the admitted count still says 6: the cap is")
-        say("   the smaller of the two).")
-        await self.c.json_patch(
-            WORKLOADS,
-            NS,
-            "job-train-b",
-            [{"op": "replace", "path": "/spec/podSets/0/count", "value": 3}],
-        )
+    async def run(self) -> None:
+        await self.step(f"1. An admin gives the team a ClusterQueue with a quota of {QUOTA} CPUs")
+        await self.queues()
+        say(f"   ClusterQueue {QUEUE!r}: {QUOTA} CPUs; LocalQueue {QUEUE!r} in namespace {NS}.")
+        say("   Every pod below asks for 1 CPU, so at most 6 pods fit at once.")
+
+        await self.step("2. Another team's Job takes 2 CPUs of the quota")
+        await self.c.create(JOBS, NS, job_body("other", 2, elastic=False))
+        say("   Kueue admits it (2 of 6 CPUs used).")
+
+        await self.step("3. A user creates an elastic Indexed Job with 3 pods")
+        say("   Kueue's webhook suspends it and adds Kueue's gate to the pod template; the")
+        say(f"   template also has ungater's gate {DEMO_GATE}. Kueue admits a Workload slice")
+        say("   for 3 pods (5 of 6 CPUs used), the Job controller creates 3 gated pods, Kueue")
+        say("   lifts its own gate from all of them and ungater releases exactly 3, lowest")
+        say("   completion index first:")
+        self.job = await self.c.create(JOBS, NS, job_body("train", 3))
+        await self.watch_until(3, 3)
+
+        await self.step("4. The user scales the Job up to 5: the quota says no")
+        say("   The Job controller adds 2 gated pods at once. Kueue makes a scale-up slice that")
+        say("   asks for the new total, 5, but 5 + 2 CPUs exceed the quota: it stays pending,")
+        say("   and ungater keeps the new pods gated.")
+        await self.c.merge_patch(JOBS, NS, "train", {"spec": {"parallelism": 5, "completions": 5}})
+        await self.pending_slice()
+        await self.watch_until(3, 5)
+        await self.hold(max(self.pause, 1.0))
+
+        await self.step("5. The other team's Job is deleted: its 2 CPUs come back")
+        say("   Kueue admits the scale-up slice (and marks the old one finished); ungater")
+        say("   releases the 2 new pods, indexes 3 and 4:")
+        await self.delete_job("other")
+        await self.watch_until(5, 5)
+
+        await self.step("6. Scale down to 3")
+        say("   The Job controller chooses which pods to delete (its choice, not always the")
+        say("   highest indexes); Kueue then lowers the active slice's count in place (its")
+        say("   admitted count still says 5: the cap is the smaller of the two, and the Job's")
+        say("   own size bounds it too).")
         await self.c.merge_patch(JOBS, NS, "train", {"spec": {"parallelism": 3, "completions": 3}})
         await self.watch_until(3, 3)
 
@@ -251,23 +304,23 @@ class Scenario:
 def run_demo(state_dir: Path | None = None, fast: bool = False) -> int:
     from ungater.devcluster.cluster import LocalControlPlane
 
-    say("ungater demo — a real kube-apiserver, etcd and Job controller on 127.0.0.1.")
-    say("Kueue is not running: the steps marked [simulating Kueue] write what Kueue would write.")
-    say("Starting the local control plane (the first run builds it from Go modules) ...")
-    plane = LocalControlPlane(state_dir=state_dir)
+    say("ungater demo: a real kube-apiserver, etcd, Job controller and Kueue v0.17.0 on 127.0.0.1.")
+    say("Starting them (the first run builds them from Go modules; then about a minute) ...")
+    plane = LocalControlPlane(state_dir=state_dir, peers=("kueue",))
     plane.start()
     work = Path(tempfile.mkdtemp(prefix="ungater-demo-"))
     config = work / "ungater.yaml"
     config.write_text(
-        f"namespaces: [{NS}]\nkinds:\n  - {{group: batch, kind: Job}}\n"
+        f"namespaces: [{NS}]\ngate: {DEMO_GATE}\nkinds:\n  - {{group: batch, kind: Job}}\n"
         f"server: {{address: '127.0.0.1:0'}}\nleaderElection: {{namespace: {NS}}}\n"
     )
     log_path = work / "ungater.log"
     proc = None
     try:
-        say(f"Control plane ready at {plane.server_url}.")
+        say(f"Control plane ready at {plane.server_url}; Kueue runs as its own service account.")
         say(
-            f"Starting the controller: ungater run --kubeconfig {plane.kubeconfig_path} --config {config}"
+            f"Starting the controller: ungater run --kubeconfig {plane.kubeconfig_path} "
+            f"--config {config}"
         )
         with log_path.open("w") as log_file:
             proc = subprocess.Popen(
@@ -285,14 +338,34 @@ def run_demo(state_dir: Path | None = None, fast: bool = False) -> int:
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
-        anyio.run(_scenario, plane.kubeconfig_path, 0.0 if fast else 1.0)
+        active = anyio.run(_scenario, plane, 0.0 if fast else 1.0)
         say()
         say("What the controller logged:")
         for line in log_path.read_text().splitlines():
             if "released" in line or "serving" in line:
                 say(f"   {line}")
         say()
-        say("Done. `ungater explain NAMESPACE/WORKLOAD` prints why any pod is still gated.")
+        say(f"Why is each pod (not) released? `ungater explain {NS}/{active}`:")
+        explained = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ungater.cli",
+                "explain",
+                f"{NS}/{active}",
+                "--kubeconfig",
+                str(plane.kubeconfig_path),
+                "--config",
+                str(config),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        for line in (explained.stdout + explained.stderr).splitlines():
+            say(f"   {line}")
+        say()
+        say("Done.")
         return 0
     finally:
         if proc is not None and proc.poll() is None:
@@ -305,9 +378,12 @@ def run_demo(state_dir: Path | None = None, fast: bool = False) -> int:
         plane.stop()
 
 
-async def _scenario(kubeconfig: Path, pause: float) -> None:
-    client = await connect(kubeconfig)
+async def _scenario(plane: Any, pause: float) -> str:
+    client = await connect(plane.kubeconfig_path)
     try:
-        await Scenario(client, pause).run()
+        scenario = Scenario(client, pause, plane.request)
+        await scenario.run()
+        await scenario.slices()
+        return scenario.active_slice
     finally:
         await client.close()

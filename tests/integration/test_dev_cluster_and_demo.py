@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,7 +45,7 @@ def test_dev_cluster_up_then_down_leaves_nothing(control_plane: Any, tmp_path: P
         assert f"export KUBECONFIG={kubeconfig}" in up.stdout
         record = json.loads((state / "pids.json").read_text())
         pid_list = [int(p["pid"]) for p in record["processes"].values()]
-        assert len(pid_list) == 3 and all(alive(p) for p in pid_list)
+        assert len(pid_list) == 6 and all(alive(p) for p in pid_list)  # with the peers
         again = cli("dev-cluster", "up", "--state-dir", str(state))
         assert again.returncode == 0 and "already running" in again.stdout
         probe = cli("explain", "default/none", "--kubeconfig", str(kubeconfig))
@@ -56,12 +57,22 @@ def test_dev_cluster_up_then_down_leaves_nothing(control_plane: Any, tmp_path: P
 
 
 def test_demo_runs_the_narrated_scenario(control_plane: Any) -> None:
-    proc = cli("demo", "--fast", timeout=300)
+    """The demo runs the real Kueue: no step plays Kueue's part; quota holds a scale-up back."""
+    proc = cli("demo", "--fast", timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
-    assert out.count("[simulating Kueue]") >= 4
-    assert "ungater releases exactly 2 pods" in out
-    assert "released 2 pod(s) of pod set main of Job.batch ungater-demo/train" in out
-    # the final table: three pods, all released
-    final = out.split("== 6.")[1]
-    assert final.count("released") >= 3 and "gated " not in final.split("What the controller")[0]
+    assert "simulating" not in out
+    assert "ClusterQueue 'demo': 6 CPUs" in out
+    step4 = out.split("== 4.")[1].split("== 5.")[0]
+    assert "pending: waiting for quota" in step4  # the quota held the scale-up slice back
+    releases = re.findall(r"released (\d+) pod\(s\) of pod set main .*\(slice (\S+)\)", out)
+    per_slice: dict[str, int] = {}
+    for n, name in releases:
+        per_slice[name] = per_slice.get(name, 0) + int(n)
+    assert list(per_slice.values()) == [3, 2], releases  # 3 admitted, then 2 more
+    step5 = out.split("== 5.")[1].split("== 6.")[0]
+    assert "ADMITTED 5" in step5
+    # the final table: three pods, all released by ungater
+    final = out.split("== 6.")[1].split("What the controller")[0].strip().split("\n\n")[-1]
+    assert final.count("released        released") == 3, final
+    assert "pod set main: cap 3 (spec 3, admitted 5, owner 3), released 3" in out

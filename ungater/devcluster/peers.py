@@ -59,6 +59,8 @@ KUEUE_INTEGRATIONS: tuple[str, ...] = (
     "ray.io/rayservice",
     "jobset.x-k8s.io/jobset",
 )
+#: which peer's CRDs an integration needs (Kueue waits for the CRDs of the integrations it has)
+_INTEGRATION_PEER = {"ray.io": "kuberay", "jobset.x-k8s.io": "jobset"}
 #: Kueue's defaults for these (kustomize prefix "kueue-" on "webhook-service" and the Secret of
 #: its internalcert component); the certificate rotator derives the webhook configuration names
 #: from the service name.
@@ -214,6 +216,12 @@ class Peers:
             **(kueue_feature_gates or {}),
         }
         self._log = log or (lambda _: None)
+        #: Kueue's integrations: batch/job, and those of the owner controllers that run here
+        self.integrations = tuple(
+            i
+            for i in KUEUE_INTEGRATIONS
+            if _INTEGRATION_PEER.get(i.split("/")[0], "kueue") in (*self.names, "kueue")
+        )
         self.kubeconfigs: dict[str, Path] = {}
         self.users: dict[str, str] = {}
         self.health_ports: dict[str, int] = {}
@@ -346,6 +354,7 @@ class Peers:
             if name != "kuberay":  # its webhooks are optional and off by default
                 self.webhook_ports[name] = free_port()
         self._install_crds()
+        self.seconds["crds"] = round(time.monotonic() - started, 1)
         if "kueue" in self.names:
             self._setup_kueue(bins["kueue"])
         if "jobset" in self.names:
@@ -354,6 +363,7 @@ class Peers:
             self._setup_kuberay(bins["kuberay"])
         for name in self.names:
             self._wait_ready(name)
+            self.seconds[f"{name} ready"] = round(time.monotonic() - started, 1)
         self.seconds["start"] = round(time.monotonic() - started, 1)
 
     def _setup_kueue(self, binary: PeerBinary) -> None:
@@ -399,7 +409,7 @@ class Peers:
                 "webhookSecretName": _KUEUE_SECRET,
             },
             "clientConnection": {"qps": 50, "burst": 100},
-            "integrations": {"frameworks": list(KUEUE_INTEGRATIONS)},
+            "integrations": {"frameworks": list(self.integrations)},
             "featureGates": dict(self._gates),
         }
         config_path = self.directory / "kueue" / "config.yaml"
