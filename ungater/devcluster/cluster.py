@@ -324,11 +324,15 @@ class LocalControlPlane:
             self._write_admin_kubeconfig()
             if self._controllers:
                 self._start_controller_manager(binaries)
-            self.install_crds(crds)
             if self._peer_names:
                 from ungater.devcluster.peers import Peers
 
                 self.peers = Peers(self, self._peer_names, **self._peer_options)
+                # the peers install these themselves (Kueue's with its conversion webhook)
+                theirs = {p.name for p in self.peers.crd_paths()}
+                crds = [c for c in crds if c.name not in theirs]
+            self.install_crds(crds)
+            if self.peers is not None:
                 self.peers.start()
         except BaseException:
             self._keep_state_dir = True  # keep the logs that the error message points at
