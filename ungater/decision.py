@@ -25,6 +25,14 @@ from ungater.podsetupdates import NO_CHANGES, PodChanges, fit_to_pod, merge_upda
 
 __all__ = [
     "CONSUME_PROVISIONING_REQUEST",
+    "WAIT_CAPACITY",
+    "WAIT_CONFLICT",
+    "WAIT_ENDED",
+    "WAIT_GROUP",
+    "WAIT_REFUSED",
+    "WAIT_STALE_PROVISIONING",
+    "WAIT_UNMAPPED",
+    "WAIT_UNRESOLVED",
     "Decision",
     "Ownership",
     "PodFacts",
@@ -33,6 +41,7 @@ __all__ = [
     "Waiting",
     "active_slice",
     "decide",
+    "gated_by_reason",
     "order_slices",
     "pod_set_caps",
 ]
@@ -71,10 +80,23 @@ class Release:
     changes: PodChanges = NO_CHANGES
 
 
+#: Why a gated pod waits, as a short code (the ``reason`` label of ``ungater_gated_pods``);
+#: ``Waiting.reason`` says the same for a human.
+WAIT_CAPACITY = "capacity"  # the cap is reached, or no admitted slice: Kueue has not made room
+WAIT_GROUP = "group"  # its release group is incomplete or has a member that cannot go
+WAIT_REFUSED = "refused"  # the API server refused its release; backing off
+WAIT_STALE_PROVISIONING = "stale-provisioning-request"
+WAIT_CONFLICT = "pod-set-update-conflict"
+WAIT_UNRESOLVED = "ownership-unresolved"
+WAIT_UNMAPPED = "unmapped"  # not provably the owner's, or in no pod set of the slice
+WAIT_ENDED = "ended"  # terminal or being deleted: never released, not waiting either
+
+
 @dataclass(frozen=True, slots=True)
 class Waiting:
     pod: str
     reason: str
+    code: str = WAIT_CAPACITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,12 +245,12 @@ def _decide_pod_set(
             continue
         if not live:
             reason = "being deleted" if pod.deleting else f"terminal ({pod.phase})"
-            waiting.append(Waiting(pod.name, reason))
+            waiting.append(Waiting(pod.name, reason, WAIT_ENDED))
             continue
         gated += 1
         if f.ownership is Ownership.UNRESOLVED:
             reason = "ownership not yet provable (an intermediate owner is not cached)"
-            waiting.append(Waiting(pod.name, reason))
+            waiting.append(Waiting(pod.name, reason, WAIT_UNRESOLVED))
             if f.group is not None:
                 blocked_groups[f.group.key] = f"member {pod.name} is not provably owned"
             continue
@@ -236,7 +258,7 @@ def _decide_pod_set(
         if refused is not None:
             # the API server refused its release for good: it waits out its backoff, gated
             # and uncounted, and the next pod in order may take its slot
-            waiting.append(Waiting(pod.name, refused))
+            waiting.append(Waiting(pod.name, refused, WAIT_REFUSED))
             if f.group is not None:
                 blocked_groups[f.group.key] = f"member {pod.name}: {refused}"
             continue
@@ -248,7 +270,7 @@ def _decide_pod_set(
                 f"stale ProvisioningRequest: the pod consumes {bound_to!r}, the active slice "
                 f"provisioned {provisioning_request!r}"
             )
-            waiting.append(Waiting(pod.name, reason))
+            waiting.append(Waiting(pod.name, reason, WAIT_STALE_PROVISIONING))
             stale.append(pod.name)
             if f.group is not None:
                 blocked_groups[f.group.key] = f"member {pod.name}: {reason}"
@@ -257,7 +279,7 @@ def _decide_pod_set(
             fit_to_pod(wanted, pod) if not set_conflict else (NO_CHANGES, set_conflict)
         )
         if conflict:
-            waiting.append(Waiting(pod.name, f"pod set update conflict: {conflict}"))
+            waiting.append(Waiting(pod.name, f"pod set update conflict: {conflict}", WAIT_CONFLICT))
             if f.group is not None:
                 blocked_groups[f.group.key] = (
                     f"member {pod.name} conflicts with the pod set updates"
@@ -292,7 +314,7 @@ def _decide_pod_set(
             if not why and group.size is not None and present < group.size:
                 why = f"release group {group.key} incomplete ({present} of {group.size} pods)"
             if why:
-                waiting.extend(Waiting(f.pod.name, why) for f in unit)
+                waiting.extend(Waiting(f.pod.name, why, WAIT_GROUP) for f in unit)
                 continue
         if len(unit) > budget:
             if budget <= 0:
@@ -357,13 +379,19 @@ def decide(
         if f.ownership is Ownership.FOREIGN:
             if f.pod.has_gate(gate):
                 unmapped.append(
-                    Waiting(f.pod.name, "not owned: ownerReferences do not lead to the owner")
+                    Waiting(
+                        f.pod.name,
+                        "not owned: ownerReferences do not lead to the owner",
+                        WAIT_UNMAPPED,
+                    )
                 )
             continue
         if f.pod_set is None or f.pod_set not in by_set:
             if f.pod.has_gate(gate):
                 what = f"unknown pod set {f.pod_set!r}" if f.pod_set else "no pod set"
-                unmapped.append(Waiting(f.pod.name, f"{what} in slice {active.name}"))
+                unmapped.append(
+                    Waiting(f.pod.name, f"{what} in slice {active.name}", WAIT_UNMAPPED)
+                )
             continue
         by_set[f.pod_set].append(f)
 
@@ -380,3 +408,14 @@ def decide(
         releases.extend(chosen)
     summary = f"active slice {active.name}: releasing {len(releases)}"
     return Decision(active.name, summary, tuple(releases), tuple(reports), tuple(unmapped))
+
+
+def gated_by_reason(decision: Decision) -> dict[str, int]:
+    """How many gated pods of the decision wait, by ``Waiting.code`` (pods that ended excluded;
+    the pods it releases are not waiting)."""
+    counts: dict[str, int] = {}
+    waits = [w for report in decision.pod_sets for w in report.waiting]
+    for w in (*waits, *decision.unmapped):
+        if w.code != WAIT_ENDED:
+            counts[w.code] = counts.get(w.code, 0) + 1
+    return counts

@@ -38,6 +38,11 @@ RECONCILE_RESULTS = ("success", "error", "plugin_error", "requeue")
 PATCH_OUTCOMES = ("released", "conflict", "gone", "deleting", "blocked", "error")
 # admission to release: a fast path is tens of milliseconds, a slow one a minute or more
 RELEASE_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
+# a wait may be long on purpose (a refused release backing off), so the top buckets go far
+RELEASE_WAIT_BUCKETS = (
+    *(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+    *(300.0, 900.0, 3600.0),
+)
 RECONCILE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -193,7 +198,17 @@ class ControllerCollector(Collector):
         status = getattr(getattr(c, "guard", None), "status", None) or {}
         for gate, st in sorted(status.items()):
             guarded.add_metric([gate], states.get(getattr(st, "state", ""), -1.0))
-        return (findings, stood, stale_pods, guarded)
+        gated = GaugeMetricFamily(
+            "ungater_gated_pods",
+            "Gated pods of elastic owners by kind, gate and why they wait (capacity, group, "
+            "refused, stale-provisioning-request, pod-set-update-conflict, ownership-unresolved, "
+            "unmapped), from each owner's last decision.",
+            labels=["kind", "gate", "reason"],
+        )
+        counting = getattr(c, "gated_pods", None)
+        for (kind, gate, reason), n in sorted((counting() if counting else {}).items()):
+            gated.add_metric([kind, gate, reason], float(n))
+        return (findings, stood, stale_pods, guarded, gated)
 
     @staticmethod
     def _caches(c: Any) -> Iterable[Metric]:
@@ -234,6 +249,15 @@ class Metrics:
             "ungater_release_latency_seconds",
             "Time from the workload slice's admission to a pod's release.",
             buckets=RELEASE_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.release_wait = Histogram(
+            "ungater_release_wait_seconds",
+            "Time from the event that made a pod releasable (it arrived, its slice was "
+            "admitted, a slot was freed, its owner changed) to its release, as this process saw "
+            "them.",
+            ["kind"],
+            buckets=RELEASE_WAIT_BUCKETS,
             registry=r,
         )
         self.reconcile_duration = Histogram(
@@ -311,6 +335,10 @@ class Metrics:
         self.pods_released.labels(kind, pod_set).inc()
         if latency is not None:
             self.release_latency.observe(max(0.0, latency))
+
+    def observe_release_wait(self, kind: str, seconds: float) -> None:
+        """One pod released ``seconds`` after it became releasable."""
+        self.release_wait.labels(kind).observe(max(0.0, seconds))
 
     def observe_plugin_error(self, plugin: str) -> None:
         self.plugin_errors.labels(plugin).inc()
