@@ -62,7 +62,9 @@ def _chart(
             out.append(
                 f'<text x="2" y="{y + band / 2 + 4:.0f}" class="tick">{html.escape(name)}</text>'
             )
-            for (ta, va), (tb, _) in zip(values, [*values[1:], [values[-1][0] + 2.0, 0]], strict=False):
+            for (ta, va), (tb, _) in zip(
+                values, [*values[1:], [values[-1][0] + 2.0, 0]], strict=False
+            ):
                 colour = PALETTE[0] if va >= 1 else "#3d3f45"
                 xa = left + 60 + (ta - t0) / (t1 - t0) * (w - 60)
                 xb = left + 60 + (tb - t0) / (t1 - t0) * (w - 60)
