@@ -21,25 +21,12 @@ from ungater.assess import owner_of, pod_facts
 from ungater.auditing import Auditor
 from ungater.blocked import BLOCKED, GONE, BlockedReleases, classify_patch_error, server_message
 from ungater.cache import OwnerKey, PodIndex, WorkloadIndex, ancestors
-from ungater.config import DEFAULT_GATE, Config
-from ungater.decision import (
-    Decision,
-    PodFacts,
-    Release,
-    active_slice,
-    decide,
-    gated_by_reason,
-    order_slices,
-)
+from ungater.config import Config
+from ungater.decision import Decision, PodFacts, Release, active_slice, decide, order_slices
 from ungater.events import (
-    FOREIGN_RELEASE,
     NORMAL,
     PLUGIN_ERROR,
-    PODS_UNMAPPED,
-    RELEASE_BLOCKED,
     RELEASED,
-    STALE_PROVISIONING_REQUEST,
-    STOOD_DOWN,
     WARNING,
     EventRecorder,
     InvolvedObject,
@@ -62,19 +49,18 @@ from ungater.model import (
     parse_pod,
     parse_workload,
 )
+from ungater.notices import Notices
 from ungater.patches import release_patch
 from ungater.plugin_api import ResourceSpec
 from ungater.reflector import Reflector
 from ungater.registry import KindHandler, PluginError, PluginRegistry
-from ungater.releasable import ReleasableClock
-from ungater.standdown import StandDown, Tripped
+from ungater.standdown import StandDown
 from ungater.workqueue import QueueShutDown, WorkQueue
 
 __all__ = ["Controller", "StartupError", "workload_resource"]
 
 log = logging.getLogger(__name__)
 KUEUE_GROUP = "kueue.x-k8s.io"
-POD_SET_UPDATE_CONFLICT = "PodSetUpdateConflict"
 DELETING = "deleting"  # patch outcome: it landed on a pod already being deleted
 
 
@@ -176,11 +162,10 @@ class Controller:
         self.guard = GateGuard(  # is each gate guarded against the other releaser?
             client, (rt.gate for rt in self.kinds.values()), config.policy_check_interval_seconds
         )
-        self.releasable = ReleasableClock(clock)  # when each gated pod could first go
         self.fatal_error = ""  # set when the process must end (standDown.action: exit)
         self._stop: anyio.Event | None = None
         self._clock = clock
-        self._inactive_since: dict[OwnerKey, float] = {}  # chains seen without an active slice
+        self.notices = Notices(self)  # warnings, stand-down, status lines
 
     # -- set-up -----------------------------------------------------------------------------
 
@@ -297,8 +282,6 @@ class Controller:
 
     def _on_workload(self, old: WorkloadView | None, new: WorkloadView | None) -> None:
         self.workloads.on_change(old, new)
-        if new is not None and new.owner is not None and _admission_changed(old, new):
-            self.releasable.room_made(OwnerKey(new.namespace, new.owner.uid))
         for wl in (old, new):
             if wl is not None and wl.owner is not None:
                 self.queue.add(OwnerKey(wl.namespace, wl.owner.uid))
@@ -323,13 +306,10 @@ class Controller:
 
     def _on_owner(self, old: OwnerFacts | None, new: OwnerFacts | None) -> None:
         if new is not None:
-            if old is None or old.facts != new.facts:  # its size may have grown
-                self.releasable.room_made(OwnerKey(new.namespace, new.uid))
             self._keep_owner(new)
         elif old is not None:
             self.owner_facts.pop(old.uid, None)
             self._owner_rv.pop(old.uid, None)
-            self.releasable.owner_gone(OwnerKey(old.namespace, old.uid))
         view = new or old
         if view is not None and self.workloads.has_owner(view.uid):
             self.queue.add(OwnerKey(view.namespace, view.uid))
@@ -372,8 +352,6 @@ class Controller:
             pod = new or old
             if pod is None:
                 return
-            if new is not None:
-                self.releasable.pod_seen(new.uid)
             settled = new is None or not new.has_gate(gate) or new.terminal or new.deleting
             if settled:
                 # only this kind's own view clears what this kind's reconcile expects
@@ -388,11 +366,10 @@ class Controller:
                 and not new.has_gate(gate)
                 and pod.uid not in self._ours
             ):
-                self._report_foreign_release(new, rt)
+                self.notices.foreign_release(new, rt)
             if new is None and not any(pod.uid in k.pods.by_uid for k in self.kinds.values()):
                 self._ours.discard(pod.uid)  # no view holds it any more
                 self._foreign_seen.discard(pod.uid)
-                self.releasable.pod_gone(pod.uid)
             if old is not None and new is not None and not _relevant_change(old, new):
                 return
             ctrl = pod.controller
@@ -400,8 +377,6 @@ class Controller:
             freed = _released_live(old, gate) and not _released_live(new, gate)
             rv = _rv(pod.resource_version)
             for key in keys:
-                if freed:
-                    self.releasable.room_made(key)
                 if freed and rv is not None:
                     self._freed_rv[key] = max(rv, self._freed_rv.get(key, 0))
                 self.queue.add(key)
@@ -418,7 +393,7 @@ class Controller:
             self.expectations.forget_key(key)
             self.decisions.pop(key, None)
             self.auditor.forget(key)
-            self._inactive_since.pop(key, None)
+            self.notices.forget(key)
             return None
         owner = owner_of(slices)
         rt = self.kinds.get(owner.group_kind) if owner else None
@@ -440,7 +415,7 @@ class Controller:
             if not await self._refresh_owner(rt, key.namespace, owner):
                 return None
             decision = self._decide(key, rt, owner, slices)
-        self._report_stuck(key, decision)
+        self.notices.stuck(key, decision)
         self.decisions[key] = decision
         if decision.releases:
             await self._release(key, rt, owner.name, decision, active_slice(slices))
@@ -516,56 +491,6 @@ class Controller:
         self._keep_owner(view)
         return True
 
-    def _report_stuck(self, key: OwnerKey, decision: Decision) -> None:
-        """Warn (log line and rate-limited Event) about pods that cannot be released as is."""
-        conflicts = [
-            w
-            for r in decision.pod_sets
-            for w in r.waiting
-            if w.reason.startswith("pod set update conflict")
-        ]
-        for w in conflicts:
-            log.warning("%s: pod %s stays gated: %s", key, w.pod, w.reason)
-        if conflicts:
-            first = conflicts[0]
-            self._event_for(
-                key,
-                WARNING,
-                POD_SET_UPDATE_CONFLICT,
-                f"{len(conflicts)} pod(s) stay gated; {first.pod}: {first.reason}",
-            )
-        stale = [n for r in decision.pod_sets for n in r.stale]
-        if stale:
-            reason = next(
-                w.reason for r in decision.pod_sets for w in r.waiting if w.pod == stale[0]
-            )
-            log.warning("%s: %d pod(s) stay gated; %s: %s", key, len(stale), stale[0], reason)
-            self._event_for(
-                key,
-                WARNING,
-                STALE_PROVISIONING_REQUEST,
-                f"{len(stale)} gated pod(s) stay gated and uncounted; {stale[0]}: {reason}",
-            )
-        if decision.active_slice is not None:
-            self._inactive_since.pop(key, None)
-        elif decision.unmapped:
-            # Kueue finishes a replaced slice a few ms before it admits the next one: a chain
-            # without an active slice for less than the grace is a hand-over, not an anomaly
-            now = self._clock()
-            since = self._inactive_since.setdefault(key, now)
-            left = self.config.slice_handover_grace_seconds - (now - since)
-            if left > 0:
-                self.queue.add_after(key, left)
-                return
-        if decision.unmapped:
-            first = decision.unmapped[0]
-            self._event_for(
-                key,
-                WARNING,
-                PODS_UNMAPPED,
-                f"{len(decision.unmapped)} gated pod(s) cannot be mapped; {first.pod}: {first.reason}",
-            )
-
     async def _settle_expired(self, key: OwnerKey, rt: KindRuntime, uids: frozenset[str]) -> None:
         """The watch has not shown our patches in time: ask the API server for the truth.
 
@@ -612,7 +537,6 @@ class Controller:
         retry = False
         failed = 0
         released_by_set: dict[str, int] = {}
-        waits: list[float] = []  # since each released pod became releasable
         refused: list[Release] = []
         for r in releases:
             outcome = outcomes.get(r.pod.uid, "error")
@@ -620,9 +544,6 @@ class Controller:
                 self.stats.released += 1
                 self.blocked.clear(r.pod.uid)
                 released_by_set[r.pod_set] = released_by_set.get(r.pod_set, 0) + 1
-                waited = self.releasable.waited(key, r.pod.uid)
-                if waited is not None:
-                    waits.append(waited)
             elif outcome == DELETING:
                 # ours, but no release: keep it among our pods (its watch event must not look
                 # like someone else's release) and re-decide
@@ -642,9 +563,6 @@ class Controller:
                 failed += 1  # unknown outcome: the patch may have landed; keep expecting it
         admitted = active.conditions.get(ADMITTED) if active is not None else None
         latency = seconds_since(admitted.transition_time) if admitted is not None else None
-        if self.metrics is not None:
-            for waited in waits:
-                self.metrics.observe_release_wait(str(rt.kind), waited)
         for pod_set, n in released_by_set.items():
             if self.metrics is not None:
                 for _ in range(n):
@@ -671,38 +589,13 @@ class Controller:
                 },
             )
         if refused:
-            self._report_blocked(key, rt, refused)
+            self.notices.blocked(key, rt, refused)
         if failed:
             raise RuntimeError(f"{failed} patch(es) failed for {key}")
         if retry:
             # the cache was behind the server: re-decide, but back off per key, so that a
             # lagging watch cannot turn into a hot loop of refused patches
             raise _Changed(key)
-
-    def _report_blocked(self, key: OwnerKey, rt: KindRuntime, refused: Sequence[Release]) -> None:
-        """Releases refused for good: warn once per refusal (rate-limited Events), re-decide at
-        once (the next pod in order may take a refused pod's slot) and again when the first
-        refused pod's backoff runs out."""
-        for r in refused:
-            entry = self.blocked.get(r.pod.uid)
-            if entry is None:
-                continue
-            reason = entry.reason(self.blocked.clock())
-            log.warning(
-                "pod %s/%s of %s stays gated: %s",
-                r.pod.namespace,
-                r.pod.name,
-                rt.kind,
-                reason,
-                extra={"pod_set": r.pod_set},
-            )
-            if self.metrics is not None:
-                self.metrics.observe_release_blocked(str(rt.kind))
-            self._event_for(key, WARNING, RELEASE_BLOCKED, f"pod {r.pod.name}: {reason}")
-        self.queue.add(key)
-        wait = self.blocked.next_retry(r.pod.uid for r in refused)
-        if wait is not None:
-            self.queue.add_after(key, max(wait, 0.01))
 
     async def _check_foreign_release(self, r: Release, rt: KindRuntime) -> None:
         """Our guarded patch was refused: if the gate is gone, another writer released the pod."""
@@ -711,78 +604,11 @@ class Controller:
             return
         view = parse_pod(fresh)
         if view.uid == r.pod.uid and not view.has_gate(r.gate):
-            self._report_foreign_release(view, rt)
-
-    def _report_foreign_release(self, pod: PodView, rt: KindRuntime) -> None:
-        gate = rt.gate
-        if pod.uid in self._foreign_seen:
-            return  # once per pod, whichever watch or refused patch shows it again
-        self._foreign_seen.add(pod.uid)
-        self.stats.foreign_releases += 1
-        if self.metrics is not None:
-            self.metrics.observe_foreign_release()
-        ctrl = pod.controller
-        for key in self._owners_of(pod.namespace, ctrl.uid if ctrl else None):
-            message = f"gate {gate} was removed from pod {pod.name} by another writer"
-            self._event_for(key, WARNING, FOREIGN_RELEASE, message)
-        log.warning(
-            "gate %s was removed from pod %s/%s by someone else: another releaser owns this "
-            "gate, and the cap can no longer be guaranteed",
-            gate,
-            pod.namespace,
-            pod.name,
-        )
-        verdict = self.stand_down.record(str(rt.kind), gate, f"{pod.namespace}/{pod.name}")
-        if verdict is not None:
-            self._stand_down(rt, verdict)
-
-    def _stand_down(self, rt: KindRuntime, verdict: Tripped) -> None:
-        """Another releaser is at work on this kind's gate: say so loudly and, unless told to
-        keep fighting, stop patching (audit instead) or end the process."""
-        log.error("standing down: %s", verdict.message)
-        if verdict.action == "keepReleasing":
-            return
-        keys = [
-            k
-            for k in self.workloads.owner_keys()
-            if (o := owner_of(self.workloads.for_owner(k.uid))) is not None
-            and o.group_kind == rt.kind
-        ]
-        for key in keys:
-            self._event_for(key, WARNING, STOOD_DOWN, verdict.message)
-        if verdict.action == "exit":
-            self.fatal_error = verdict.message
-            if self._stop is not None:
-                self._stop.set()
-            return
-        rt.mode, rt.stood_down = "audit", verdict.message
-        for key in keys:
-            self.queue.add(key)  # audit them now
-
-    def gated_pods(self) -> dict[tuple[str, str, str], int]:
-        """Gated pods by (kind, gate, why they wait), from each owner's last decision: what
-        ``ungater_gated_pods`` reports."""
-        out: dict[tuple[str, str, str], int] = {}
-        for key, decision in list(self.decisions.items()):
-            owner = owner_of(self.workloads.for_owner(key.uid))
-            rt = self.kinds.get(owner.group_kind) if owner else None
-            if rt is None:
-                continue
-            for reason, n in gated_by_reason(decision).items():
-                label = (str(rt.kind), rt.gate, reason)
-                out[label] = out.get(label, 0) + n
-        return out
+            self.notices.foreign_release(view, rt)
 
     def status_lines(self) -> list[str]:
-        """What ``/readyz`` says beside "ok": each kind's mode, and why it stood down."""
-        lines = []
-        for kind, rt in self.kinds.items():
-            line = f"{kind}: {rt.mode} (gate {rt.gate})"
-            if rt.stood_down:
-                line += f"; STOOD DOWN: {rt.stood_down}"
-            lines.append(line)
-        lines.extend(st.line for st in self.guard.status.values())
-        return lines
+        """What ``/readyz`` says beside "ok" (see ``Notices.status_lines``)."""
+        return self.notices.status_lines()
 
     async def _patch(self, r: Release) -> str:
         outcome = await self._patch_once(r)
@@ -902,20 +728,7 @@ class Controller:
         )
         if self.guard.interval > 0:
             await self.guard.refresh()  # at start-up, then every interval (run)
-        for kind, rt in self.kinds.items():
-            st = self.guard.status.get(rt.gate)
-            if rt.mode == "release" and rt.gate == DEFAULT_GATE and st and st.state != "guarded":
-                log.warning(
-                    "%s releases %s, which every Kueue that makes slices releases itself, and "
-                    "no admission policy guarding it was found (%s): if Kueue runs here, "
-                    "standDown.action %s applies after %d foreign releases; install the "
-                    "admission policy or choose mode: audit (docs/config.md)",
-                    kind,
-                    rt.gate,
-                    st.state,
-                    self.config.stand_down.action,
-                    self.config.stand_down.foreign_releases,
-                )
+        self.notices.startup()
 
     async def run(
         self, stop: anyio.Event, elector: LeaderElector | None = None, grace: float = 10.0
@@ -994,13 +807,6 @@ def _relevant_change(old: PodView, new: PodView) -> bool:
         or old.labels != new.labels
         or old.owner_refs != new.owner_refs
     )
-
-
-def _admission_changed(old: WorkloadView | None, new: WorkloadView) -> bool:
-    """An admitted slice that was not admitted before, or is admitted for other counts."""
-    if not new.condition_true(ADMITTED):
-        return False
-    return old is None or not old.condition_true(ADMITTED) or old.assignments != new.assignments
 
 
 def _rv(resource_version: str) -> int | None:

@@ -1,0 +1,205 @@
+"""What the controller tells operators when it cannot serve an owner as asked.
+
+Log lines, rate-limited Events and metrics for pods that stay gated (pod set update conflicts,
+stale ProvisioningRequests, unmapped pods outside a slice hand-over, releases refused for
+good), for a gate removed by someone else, and the stand-down that follows when that repeats;
+and the lines ``/readyz`` shows beside "ok". Kept out of ``controller.py``, which calls it from
+the reconcile path; it reads the controller's state and moves its queue, nothing more.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ungater.assess import owner_of
+from ungater.cache import OwnerKey
+from ungater.config import DEFAULT_GATE
+from ungater.decision import Decision, Release
+from ungater.events import (
+    FOREIGN_RELEASE,
+    PODS_UNMAPPED,
+    RELEASE_BLOCKED,
+    STALE_PROVISIONING_REQUEST,
+    STOOD_DOWN,
+    WARNING,
+)
+from ungater.model import PodView
+from ungater.standdown import Tripped
+
+if TYPE_CHECKING:
+    from ungater.controller import Controller, KindRuntime
+
+__all__ = ["POD_SET_UPDATE_CONFLICT", "Notices"]
+
+log = logging.getLogger("ungater.controller")  # the controller's voice, as before
+POD_SET_UPDATE_CONFLICT = "PodSetUpdateConflict"
+
+
+class Notices:
+    def __init__(self, controller: Controller) -> None:
+        self.c = controller
+        self._inactive_since: dict[OwnerKey, float] = {}  # chains seen without an active slice
+
+    def forget(self, key: OwnerKey) -> None:
+        self._inactive_since.pop(key, None)
+
+    # -- pods that stay gated ------------------------------------------------------------------
+
+    def stuck(self, key: OwnerKey, decision: Decision) -> None:
+        """Warn (log line and rate-limited Event) about pods that cannot be released as is."""
+        c = self.c
+        conflicts = [
+            w
+            for r in decision.pod_sets
+            for w in r.waiting
+            if w.reason.startswith("pod set update conflict")
+        ]
+        for w in conflicts:
+            log.warning("%s: pod %s stays gated: %s", key, w.pod, w.reason)
+        if conflicts:
+            first = conflicts[0]
+            c._event_for(
+                key,
+                WARNING,
+                POD_SET_UPDATE_CONFLICT,
+                f"{len(conflicts)} pod(s) stay gated; {first.pod}: {first.reason}",
+            )
+        stale = [n for r in decision.pod_sets for n in r.stale]
+        if stale:
+            reason = next(
+                w.reason for r in decision.pod_sets for w in r.waiting if w.pod == stale[0]
+            )
+            log.warning("%s: %d pod(s) stay gated; %s: %s", key, len(stale), stale[0], reason)
+            c._event_for(
+                key,
+                WARNING,
+                STALE_PROVISIONING_REQUEST,
+                f"{len(stale)} gated pod(s) stay gated and uncounted; {stale[0]}: {reason}",
+            )
+        if decision.active_slice is not None:
+            self._inactive_since.pop(key, None)
+        elif decision.unmapped:
+            # Kueue finishes a replaced slice a few ms before it admits the next one: a chain
+            # without an active slice for less than the grace is a hand-over, not an anomaly
+            now = c._clock()
+            since = self._inactive_since.setdefault(key, now)
+            left = c.config.slice_handover_grace_seconds - (now - since)
+            if left > 0:
+                c.queue.add_after(key, left)
+                return
+        if decision.unmapped:
+            first = decision.unmapped[0]
+            c._event_for(
+                key,
+                WARNING,
+                PODS_UNMAPPED,
+                f"{len(decision.unmapped)} gated pod(s) cannot be mapped; {first.pod}: {first.reason}",
+            )
+
+    def blocked(self, key: OwnerKey, rt: KindRuntime, refused: Sequence[Release]) -> None:
+        """Releases refused for good: warn once per refusal (rate-limited Events), re-decide at
+        once (the next pod in order may take a refused pod's slot) and again when the first
+        refused pod's backoff runs out."""
+        c = self.c
+        for r in refused:
+            entry = c.blocked.get(r.pod.uid)
+            if entry is None:
+                continue
+            reason = entry.reason(c.blocked.clock())
+            log.warning(
+                "pod %s/%s of %s stays gated: %s",
+                r.pod.namespace,
+                r.pod.name,
+                rt.kind,
+                reason,
+                extra={"pod_set": r.pod_set},
+            )
+            if c.metrics is not None:
+                c.metrics.observe_release_blocked(str(rt.kind))
+            c._event_for(key, WARNING, RELEASE_BLOCKED, f"pod {r.pod.name}: {reason}")
+        c.queue.add(key)
+        wait = c.blocked.next_retry(r.pod.uid for r in refused)
+        if wait is not None:
+            c.queue.add_after(key, max(wait, 0.01))
+
+    # -- another releaser ----------------------------------------------------------------------
+
+    def foreign_release(self, pod: PodView, rt: KindRuntime) -> None:
+        """Our gate was removed from ``pod`` by another writer: warn, count, maybe stand down."""
+        c = self.c
+        gate = rt.gate
+        if pod.uid in c._foreign_seen:
+            return  # once per pod, whichever watch or refused patch shows it again
+        c._foreign_seen.add(pod.uid)
+        c.stats.foreign_releases += 1
+        if c.metrics is not None:
+            c.metrics.observe_foreign_release()
+        ctrl = pod.controller
+        for key in c._owners_of(pod.namespace, ctrl.uid if ctrl else None):
+            message = f"gate {gate} was removed from pod {pod.name} by another writer"
+            c._event_for(key, WARNING, FOREIGN_RELEASE, message)
+        log.warning(
+            "gate %s was removed from pod %s/%s by someone else: another releaser owns this "
+            "gate, and the cap can no longer be guaranteed",
+            gate,
+            pod.namespace,
+            pod.name,
+        )
+        verdict = c.stand_down.record(str(rt.kind), gate, f"{pod.namespace}/{pod.name}")
+        if verdict is not None:
+            self._stand_down(rt, verdict)
+
+    def _stand_down(self, rt: KindRuntime, verdict: Tripped) -> None:
+        """Another releaser is at work on this kind's gate: say so loudly and, unless told to
+        keep fighting, stop patching (audit instead) or end the process."""
+        c = self.c
+        log.error("standing down: %s", verdict.message)
+        if verdict.action == "keepReleasing":
+            return
+        keys = [
+            k
+            for k in c.workloads.owner_keys()
+            if (o := owner_of(c.workloads.for_owner(k.uid))) is not None and o.group_kind == rt.kind
+        ]
+        for key in keys:
+            c._event_for(key, WARNING, STOOD_DOWN, verdict.message)
+        if verdict.action == "exit":
+            c.fatal_error = verdict.message
+            if c._stop is not None:
+                c._stop.set()
+            return
+        rt.mode, rt.stood_down = "audit", verdict.message
+        for key in keys:
+            c.queue.add(key)  # audit them now
+
+    def startup(self) -> None:
+        """Warn for each kind that releases Kueue's gate with no policy guarding it."""
+        c = self.c
+        for kind, rt in c.kinds.items():
+            st = c.guard.status.get(rt.gate)
+            if rt.mode == "release" and rt.gate == DEFAULT_GATE and st and st.state != "guarded":
+                log.warning(
+                    "%s releases %s, which every Kueue that makes slices releases itself, and "
+                    "no admission policy guarding it was found (%s): if Kueue runs here, "
+                    "standDown.action %s applies after %d foreign releases; install the "
+                    "admission policy or choose mode: audit (docs/config.md)",
+                    kind,
+                    rt.gate,
+                    st.state,
+                    c.config.stand_down.action,
+                    c.config.stand_down.foreign_releases,
+                )
+
+    def status_lines(self) -> list[str]:
+        """What ``/readyz`` says beside "ok": each kind's mode, why it stood down, and whether
+        an admission policy guards each gate."""
+        lines = []
+        for kind, rt in self.c.kinds.items():
+            line = f"{kind}: {rt.mode} (gate {rt.gate})"
+            if rt.stood_down:
+                line += f"; STOOD DOWN: {rt.stood_down}"
+            lines.append(line)
+        lines.extend(st.line for st in self.c.guard.status.values())
+        return lines
