@@ -3,6 +3,7 @@ module), which finds ``kubectl-ungater`` on ``PATH`` and hands it the rest of it
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -112,6 +113,18 @@ async def test_kubectl_ungater_explain_and_plugins_with_kubectl_conventions(
     assert proc.returncode == 1 and "default" in proc.stderr and "Traceback" not in proc.stderr, (
         proc.stderr
     )
+
+    # audit follows the context's namespace too, and -A lifts it
+    audit = await anyio.to_thread.run_sync(
+        lambda: run_kubectl(kubectl, "ungater", "audit", "--json", kubeconfig=in_ns)
+    )
+    assert audit.returncode == 0, audit.stderr
+    assert json.loads(audit.stdout)["namespaces"] == [ns]
+    everywhere = await anyio.to_thread.run_sync(
+        lambda: run_kubectl(kubectl, "ungater", "audit", "-A", "--json", kubeconfig=in_ns)
+    )
+    assert everywhere.returncode == 0, everywhere.stderr
+    assert json.loads(everywhere.stdout)["namespaces"] == ["(all)"]
 
     listed = await anyio.to_thread.run_sync(lambda: run_kubectl(kubectl, "ungater", "plugins"))
     assert listed.returncode == 0 and "Job.batch" in listed.stdout, listed.stderr
