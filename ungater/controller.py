@@ -22,7 +22,15 @@ from ungater.auditing import Auditor
 from ungater.blocked import BLOCKED, GONE, BlockedReleases, classify_patch_error, server_message
 from ungater.cache import OwnerKey, PodIndex, WorkloadIndex, ancestors
 from ungater.config import Config
-from ungater.decision import Decision, PodFacts, Release, active_slice, decide, order_slices
+from ungater.decision import (
+    Decision,
+    PodFacts,
+    Release,
+    active_slice,
+    decide,
+    gated_by_reason,
+    order_slices,
+)
 from ungater.events import (
     NORMAL,
     PLUGIN_ERROR,
@@ -54,6 +62,7 @@ from ungater.patches import release_patch
 from ungater.plugin_api import ResourceSpec
 from ungater.reflector import Reflector
 from ungater.registry import KindHandler, PluginError, PluginRegistry
+from ungater.releasable import ReleasableClock
 from ungater.standdown import StandDown
 from ungater.workqueue import QueueShutDown, WorkQueue
 
@@ -162,6 +171,7 @@ class Controller:
         self.guard = GateGuard(  # is each gate guarded against the other releaser?
             client, (rt.gate for rt in self.kinds.values()), config.policy_check_interval_seconds
         )
+        self.releasable = ReleasableClock(clock)  # when each gated pod could first go
         self.fatal_error = ""  # set when the process must end (standDown.action: exit)
         self._stop: anyio.Event | None = None
         self._clock = clock
@@ -282,6 +292,8 @@ class Controller:
 
     def _on_workload(self, old: WorkloadView | None, new: WorkloadView | None) -> None:
         self.workloads.on_change(old, new)
+        if new is not None and new.owner is not None and _admission_changed(old, new):
+            self.releasable.room_made(OwnerKey(new.namespace, new.owner.uid))
         for wl in (old, new):
             if wl is not None and wl.owner is not None:
                 self.queue.add(OwnerKey(wl.namespace, wl.owner.uid))
@@ -306,10 +318,13 @@ class Controller:
 
     def _on_owner(self, old: OwnerFacts | None, new: OwnerFacts | None) -> None:
         if new is not None:
+            if old is None or old.facts != new.facts:  # its size may have grown
+                self.releasable.room_made(OwnerKey(new.namespace, new.uid))
             self._keep_owner(new)
         elif old is not None:
             self.owner_facts.pop(old.uid, None)
             self._owner_rv.pop(old.uid, None)
+            self.releasable.owner_gone(OwnerKey(old.namespace, old.uid))
         view = new or old
         if view is not None and self.workloads.has_owner(view.uid):
             self.queue.add(OwnerKey(view.namespace, view.uid))
@@ -352,6 +367,8 @@ class Controller:
             pod = new or old
             if pod is None:
                 return
+            if new is not None:
+                self.releasable.pod_seen(new.uid)
             settled = new is None or not new.has_gate(gate) or new.terminal or new.deleting
             if settled:
                 # only this kind's own view clears what this kind's reconcile expects
@@ -370,6 +387,7 @@ class Controller:
             if new is None and not any(pod.uid in k.pods.by_uid for k in self.kinds.values()):
                 self._ours.discard(pod.uid)  # no view holds it any more
                 self._foreign_seen.discard(pod.uid)
+                self.releasable.pod_gone(pod.uid)
             if old is not None and new is not None and not _relevant_change(old, new):
                 return
             ctrl = pod.controller
@@ -377,6 +395,8 @@ class Controller:
             freed = _released_live(old, gate) and not _released_live(new, gate)
             rv = _rv(pod.resource_version)
             for key in keys:
+                if freed:
+                    self.releasable.room_made(key)
                 if freed and rv is not None:
                     self._freed_rv[key] = max(rv, self._freed_rv.get(key, 0))
                 self.queue.add(key)
@@ -537,6 +557,7 @@ class Controller:
         retry = False
         failed = 0
         released_by_set: dict[str, int] = {}
+        waits: list[float] = []  # since each released pod became releasable
         refused: list[Release] = []
         for r in releases:
             outcome = outcomes.get(r.pod.uid, "error")
@@ -544,6 +565,9 @@ class Controller:
                 self.stats.released += 1
                 self.blocked.clear(r.pod.uid)
                 released_by_set[r.pod_set] = released_by_set.get(r.pod_set, 0) + 1
+                waited = self.releasable.waited(key, r.pod.uid)
+                if waited is not None:
+                    waits.append(waited)
             elif outcome == DELETING:
                 # ours, but no release: keep it among our pods (its watch event must not look
                 # like someone else's release) and re-decide
@@ -563,6 +587,9 @@ class Controller:
                 failed += 1  # unknown outcome: the patch may have landed; keep expecting it
         admitted = active.conditions.get(ADMITTED) if active is not None else None
         latency = seconds_since(admitted.transition_time) if admitted is not None else None
+        if self.metrics is not None:
+            for waited in waits:
+                self.metrics.observe_release_wait(str(rt.kind), waited)
         for pod_set, n in released_by_set.items():
             if self.metrics is not None:
                 for _ in range(n):
@@ -605,6 +632,20 @@ class Controller:
         view = parse_pod(fresh)
         if view.uid == r.pod.uid and not view.has_gate(r.gate):
             self.notices.foreign_release(view, rt)
+
+    def gated_pods(self) -> dict[tuple[str, str, str], int]:
+        """Gated pods by (kind, gate, why they wait), from each owner's last decision: what
+        ``ungater_gated_pods`` reports."""
+        out: dict[tuple[str, str, str], int] = {}
+        for key, decision in list(self.decisions.items()):
+            owner = owner_of(self.workloads.for_owner(key.uid))
+            rt = self.kinds.get(owner.group_kind) if owner else None
+            if rt is None:
+                continue
+            for reason, n in gated_by_reason(decision).items():
+                label = (str(rt.kind), rt.gate, reason)
+                out[label] = out.get(label, 0) + n
+        return out
 
     def status_lines(self) -> list[str]:
         """What ``/readyz`` says beside "ok" (see ``Notices.status_lines``)."""
@@ -807,6 +848,13 @@ def _relevant_change(old: PodView, new: PodView) -> bool:
         or old.labels != new.labels
         or old.owner_refs != new.owner_refs
     )
+
+
+def _admission_changed(old: WorkloadView | None, new: WorkloadView) -> bool:
+    """An admitted slice that was not admitted before, or is admitted for other counts."""
+    if not new.condition_true(ADMITTED):
+        return False
+    return old is None or not old.condition_true(ADMITTED) or old.assignments != new.assignments
 
 
 def _rv(resource_version: str) -> int | None:
