@@ -69,6 +69,8 @@ def test_dashboard_shows_what_an_operator_asks_about() -> None:
     wanted = {
         "ungater_pods_released_total",
         "ungater_release_latency_seconds",
+        "ungater_release_wait_seconds",
+        "ungater_gated_pods",
         "ungater_audit_findings",
         "ungater_stood_down",
         "ungater_pods_release_blocked",
