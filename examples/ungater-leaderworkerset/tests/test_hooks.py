@@ -12,54 +12,37 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib.metadata
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from ungater.assess import pod_facts
-from ungater.decision import Decision, Ownership, PodFacts, decide
-from ungater.model import Kind, ObjectRef, parse_object, parse_pod, parse_workload
 from ungater.plugin_api import KindSpec, ReleaseGroup
-from ungater.registry import KindHandler, PluginRegistry
+from ungater.testing import (
+    GATE,
+    Outcome,
+    PluginUnderTest,
+    new_uid,
+    owner_ref,
+    pod_view,
+    ref_of,
+    slice_workload,
+)
 
 import ungater_leaderworkerset as lws_plugin
 
 Obj = dict[str, Any]
 NS = "serving"
-GATE = "kueue.x-k8s.io/elastic-job"
-LWS_KIND = Kind("leaderworkerset.x-k8s.io", "LeaderWorkerSet")
+LWS_KIND = ("leaderworkerset.x-k8s.io", "LeaderWorkerSet")
 P = "leaderworkerset.sigs.k8s.io/"
 
 
 # -- builders --------------------------------------------------------------------------------
 
 
-def _uid(*parts: str) -> str:
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, "/".join(parts)))
-
-
 def _ts(seconds: int) -> str:
     return f"2026-03-02T10:{seconds // 60:02d}:{seconds % 60:02d}Z"
-
-
-def _owner(obj: Mapping[str, Any]) -> Obj:
-    meta = obj["metadata"]
-    return {
-        "apiVersion": obj["apiVersion"],
-        "kind": obj["kind"],
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def ref(obj: Mapping[str, Any]) -> ObjectRef:
-    meta = obj["metadata"]
-    return ObjectRef(obj["apiVersion"], obj["kind"], meta["name"], meta["uid"], controller=True)
 
 
 def lws(name: str = "vllm", *, size: int = 4, replicas: int = 2, exclusive: bool = False) -> Obj:
@@ -70,7 +53,7 @@ def lws(name: str = "vllm", *, size: int = 4, replicas: int = 2, exclusive: bool
         "metadata": {
             "name": name,
             "namespace": NS,
-            "uid": _uid("lws", name),
+            "uid": new_uid("lws", name),
             "creationTimestamp": _ts(0),
             "labels": {"kueue.x-k8s.io/queue-name": "serving"},
             "annotations": annotations,
@@ -95,10 +78,10 @@ def leader_sts(owner: Mapping[str, Any]) -> Obj:
         "metadata": {
             "name": name,
             "namespace": NS,
-            "uid": _uid("sts", name),
+            "uid": new_uid("sts", name),
             "labels": {P + "name": name, P + "template-revision-hash": _revision(owner)},
             "annotations": {P + "replicas": str(owner["spec"]["replicas"])},
-            "ownerReferences": [_owner(owner)],
+            "ownerReferences": [owner_ref(owner)],
         },
     }
 
@@ -129,11 +112,11 @@ def _pod(
         "metadata": {
             "name": name,
             "namespace": NS,
-            "uid": _uid("pod", name, str(created)),
+            "uid": new_uid("pod", name, str(created)),
             "creationTimestamp": _ts(created),
             "labels": labels,
             "annotations": annotations,
-            "ownerReferences": [_owner(owner)],
+            "ownerReferences": [owner_ref(owner)],
         },
         "spec": {
             "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.9.0"}],
@@ -181,9 +164,9 @@ def worker_sts(owner: Obj, leader: Obj) -> Obj:
         "metadata": {
             "name": name,
             "namespace": NS,
-            "uid": _uid("sts", name),
+            "uid": new_uid("sts", name),
             "labels": labels,
-            "ownerReferences": [_owner(leader)],
+            "ownerReferences": [owner_ref(leader)],
         },
         "spec": {
             "replicas": owner["spec"]["leaderWorkerTemplate"]["size"] - 1,
@@ -234,15 +217,9 @@ def group(
     return pods, [leader, wsts]
 
 
-def handler() -> KindHandler:
-    registry = PluginRegistry.from_modules({"leaderworkerset": lws_plugin})
-    assert registry.failures == []
-    return registry.handler(LWS_KIND)
-
-
-def facts(owner: Obj, pods: list[Obj], intermediates: list[Obj]) -> list[PodFacts]:
-    objects = {v.uid: v for v in map(parse_object, intermediates)}
-    return pod_facts(handler(), ref(owner), [parse_pod(p) for p in pods], objects)
+def plugin() -> PluginUnderTest:
+    """The plugin as `ungater run` loads it, through the public test kit."""
+    return PluginUnderTest.from_module(lws_plugin, LWS_KIND, "leaderworkerset")
 
 
 def run(
@@ -251,29 +228,10 @@ def run(
     intermediates: list[Obj],
     pod_sets: dict[str, int],
     admitted: dict[str, int],
-) -> Decision:
-    """Decide with one admitted Workload whose controller is the LWS."""
-    wl = {
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "Workload",
-        "metadata": {
-            "name": f"leaderworkerset-{owner['metadata']['name']}-0-1a2b3",
-            "namespace": NS,
-            "uid": _uid("wl", owner["metadata"]["name"]),
-            "creationTimestamp": _ts(0),
-            "annotations": {"kueue.x-k8s.io/elastic-job": "true"},
-            "ownerReferences": [_owner(owner)],
-        },
-        "spec": {"podSets": [{"name": n, "count": c} for n, c in pod_sets.items()]},
-        "status": {
-            "admission": {
-                "clusterQueue": "cq",
-                "podSetAssignments": [{"name": n, "count": c} for n, c in admitted.items()],
-            },
-            "conditions": [{"type": "Admitted", "status": "True", "reason": "Admitted"}],
-        },
-    }
-    return decide([parse_workload(wl)], facts(owner, pods, intermediates), GATE)
+) -> Outcome:
+    """Decide with one admitted Workload slice whose controller is the LWS."""
+    wl = slice_workload(owner, pod_sets, admitted)
+    return plugin().decide(owner, pods, [wl], intermediates)
 
 
 def names(pods: list[Obj]) -> list[str]:
@@ -308,7 +266,7 @@ def test_intermediate_selectors_match_what_the_chains_pass_through() -> None:
 
 def test_selector_is_the_lws_name() -> None:
     owner = lws()
-    assert handler().pod_selector(ref(owner)) == {P + "name": "vllm"}
+    assert plugin().pod_selector(owner) == {P + "name": "vllm"}
 
 
 # -- ungater_owns_pod ------------------------------------------------------------------------
@@ -318,8 +276,7 @@ def test_leader_and_workers_are_proven_through_their_chains() -> None:
     owner = lws()
     top = leader_sts(owner)
     pods, mids = group(owner, top, 0)
-    got = facts(owner, pods, [top, *mids])
-    assert [f.ownership for f in got] == [Ownership.PROVEN] * 4
+    assert plugin().ownership(owner, pods, [top, *mids]) == ["proven"] * 4
 
 
 def test_foreign_pod_with_copied_labels_is_not_owned() -> None:
@@ -327,11 +284,10 @@ def test_foreign_pod_with_copied_labels_is_not_owned() -> None:
     top = leader_sts(owner)
     pods, mids = group(owner, top, 0)
     impostor = copy.deepcopy(pods[1])
-    impostor["metadata"] |= {"name": "impostor", "uid": _uid("impostor")}
+    impostor["metadata"] |= {"name": "impostor", "uid": new_uid("impostor")}
     del impostor["metadata"]["ownerReferences"]
-    [f] = facts(owner, [impostor], [top, *mids])
-    assert f.ownership is Ownership.FOREIGN
-    assert lws_plugin.ungater_owns_pod(ref(owner), parse_pod(impostor), []) is False
+    assert plugin().ownership(owner, [impostor], [top, *mids]) == ["foreign"]
+    assert lws_plugin.ungater_owns_pod(ref_of(owner), pod_view(impostor), []) is False
 
 
 def test_pods_of_another_lws_are_not_owned() -> None:
@@ -340,8 +296,7 @@ def test_pods_of_another_lws_are_not_owned() -> None:
     pods, mids = group(other, other_top, 0)
     for p in pods:
         p["metadata"]["labels"][P + "name"] = "vllm"  # relabelled to look like ours
-    got = facts(owner, pods, [other_top, *mids])
-    assert {f.ownership for f in got} == {Ownership.FOREIGN}
+    assert set(plugin().ownership(owner, pods, [other_top, *mids])) == {"foreign"}
 
 
 def test_worker_claiming_another_group_is_not_owned() -> None:
@@ -350,16 +305,15 @@ def test_worker_claiming_another_group_is_not_owned() -> None:
     pods, mids = group(owner, top, 0)
     liar = copy.deepcopy(pods[1])
     liar["metadata"]["annotations"][P + "leader-name"] = "vllm-1"
-    [f] = facts(owner, [liar], [top, *mids])
-    assert f.ownership is Ownership.FOREIGN
+    assert plugin().ownership(owner, [liar], [top, *mids]) == ["foreign"]
 
 
 def test_worker_whose_leader_is_not_cached_is_unresolved() -> None:
     owner = lws()
     top = leader_sts(owner)
     pods, (_, wsts) = group(owner, top, 0)
-    [f] = facts(owner, [pods[1]], [top, wsts])  # the leader pod is missing from the cache
-    assert f.ownership is Ownership.UNRESOLVED
+    # the leader pod is missing from the cache
+    assert plugin().ownership(owner, [pods[1]], [top, wsts]) == ["unresolved"]
 
 
 # -- ungater_pod_set / ungater_sort_key ------------------------------------------------------
@@ -368,26 +322,25 @@ def test_worker_whose_leader_is_not_cached_is_unresolved() -> None:
 def test_pod_set_prefers_kueue_stamps_then_the_role() -> None:
     owner = lws()
     top = leader_sts(owner)
-    h = handler()
-    leader = parse_pod(leader_pod(owner, top, 0, pod_set="main"))
-    assert h.pod_set(ref(owner), leader) == "main"
+    h = plugin()
+    assert h.pod_set(owner, leader_pod(owner, top, 0, pod_set="main")) == "main"
     unstamped = leader_pod(owner, top, 1, pod_set=None)
-    assert h.pod_set(ref(owner), parse_pod(unstamped)) == "leader"
+    assert h.pod_set(owner, unstamped) == "leader"
     wsts = worker_sts(owner, unstamped)
-    assert h.pod_set(ref(owner), parse_pod(worker_pod(owner, wsts, 1, pod_set=None))) == "worker"
+    assert h.pod_set(owner, worker_pod(owner, wsts, 1, pod_set=None)) == "worker"
     role_only = worker_pod(owner, wsts, 2, pod_set=None)
     role_only["metadata"]["annotations"]["kueue.x-k8s.io/role-hash"] = "main"
-    assert h.pod_set(ref(owner), parse_pod(role_only)) == "main"
+    assert h.pod_set(owner, role_only) == "main"
 
 
 def test_sort_key_is_group_then_worker_index() -> None:
     owner = lws(size=12, replicas=11)
     top = leader_sts(owner)
-    h = handler()
+    h = plugin()
     keys = []
     for g in (0, 2, 10):
         pods, _ = group(owner, top, g)
-        keys += [h.sort_key(ref(owner), parse_pod(p)) for p in pods]
+        keys += [h.sort_key(owner, p) for p in pods]
     assert keys == sorted(keys)
     assert keys[0] == (0, 0, 0, 0)
 
@@ -398,21 +351,21 @@ def test_sort_key_is_group_then_worker_index() -> None:
 def test_shared_pod_set_makes_the_whole_group_one_release_group() -> None:
     owner = lws(size=4)
     pods, _ = group(owner, leader_sts(owner), 0, shared=True)
-    groups = {handler().release_group(ref(owner), parse_pod(p)) for p in pods}
+    groups = {plugin().release_group(owner, p) for p in pods}
     assert groups == {ReleaseGroup(key="vllm-0", size=4)}
 
 
 def test_separate_leader_pod_set_groups_the_workers() -> None:
     owner = lws(size=4)
     pods, _ = group(owner, leader_sts(owner), 1)
-    got = [handler().release_group(ref(owner), parse_pod(p)) for p in pods]
+    got = [plugin().release_group(owner, p) for p in pods]
     assert got == [None] + [ReleaseGroup(key="vllm-1", size=3)] * 3
 
 
 def test_exclusive_placement_lets_the_leader_go_first() -> None:
     owner = lws(size=3, exclusive=True)
     pods, _ = group(owner, leader_sts(owner), 0, shared=True)
-    got = [handler().release_group(ref(owner), parse_pod(p)) for p in pods]
+    got = [plugin().release_group(owner, p) for p in pods]
     assert got == [None, ReleaseGroup(key="vllm-0", size=2), ReleaseGroup(key="vllm-0", size=2)]
 
 
@@ -421,7 +374,7 @@ def test_odd_size_annotations_never_raise(value: str) -> None:
     owner = lws()
     raw = leader_pod(owner, leader_sts(owner), 0, pod_set="main")
     raw["metadata"]["annotations"][P + "size"] = value
-    group_ = lws_plugin.ungater_release_group(parse_pod(raw))
+    group_ = lws_plugin.ungater_release_group(pod_view(raw))
     assert group_ is not None and group_.key == "vllm-0"
 
 
@@ -437,10 +390,10 @@ def test_cap_six_with_groups_of_four_releases_one_whole_group() -> None:
         p, m = group(owner, top, g, shared=True, created=10 - g)
         pods += p
         mids += m
-    decision = run(owner, pods, mids, {"main": 12}, {"main": 6})
-    assert decision.released_names == ["vllm-0", "vllm-0-1", "vllm-0-2", "vllm-0-3"]
-    [report] = decision.pod_sets
-    assert len(report.waiting) == 8
+    outcome = run(owner, pods, mids, {"main": 12}, {"main": 6})
+    assert outcome.released == ["vllm-0", "vllm-0-1", "vllm-0-2", "vllm-0-3"]
+    assert len(outcome.waiting) == 8
+    assert outcome.caps == {"main": 6}
 
 
 def test_incomplete_group_waits_for_its_last_worker() -> None:
@@ -448,10 +401,10 @@ def test_incomplete_group_waits_for_its_last_worker() -> None:
     top = leader_sts(owner)
     first, m0 = group(owner, top, 0, shared=True)
     second, m1 = group(owner, top, 1, shared=True, workers=2)  # StatefulSet still creating
-    decision = run(owner, first + second, [top, *m0, *m1], {"main": 8}, {"main": 8})
-    assert decision.released_names == names(first)
-    [report] = decision.pod_sets
-    assert {w.reason for w in report.waiting} == {"release group vllm-1 incomplete (3 of 4 pods)"}
+    outcome = run(owner, first + second, [top, *m0, *m1], {"main": 8}, {"main": 8})
+    assert outcome.released == names(first)
+    assert set(outcome.waiting.values()) == {"release group vllm-1 incomplete (3 of 4 pods)"}
+    assert "vllm-1: waits: release group vllm-1 incomplete" in outcome.text()
 
 
 def test_separate_pod_sets_release_leaders_and_whole_worker_groups() -> None:
@@ -463,8 +416,8 @@ def test_separate_pod_sets_release_leaders_and_whole_worker_groups() -> None:
         p, m = group(owner, top, g)
         pods += p
         mids += m
-    decision = run(owner, pods, mids, {"leader": 3, "worker": 6}, {"leader": 2, "worker": 5})
-    assert sorted(decision.released_names) == sorted(
+    outcome = run(owner, pods, mids, {"leader": 3, "worker": 6}, {"leader": 2, "worker": 5})
+    assert sorted(outcome.released) == sorted(
         ["vllm-0", "vllm-1", "vllm-0-1", "vllm-0-2", "vllm-1-1", "vllm-1-2"]
     )
 
@@ -480,8 +433,6 @@ def test_discovered_through_the_entry_point_when_installed() -> None:
     ]
     if not found:
         pytest.skip("ungater-leaderworkerset is not installed (pip install this directory)")
-    registry = PluginRegistry.discover(allow=["leaderworkerset"])
-    info = registry.plugins["leaderworkerset"]
-    assert info.error == ""
-    assert info.distribution == "ungater-leaderworkerset"
-    assert registry.all_kinds() == [LWS_KIND]
+    installed = PluginUnderTest.installed("leaderworkerset", LWS_KIND)
+    assert installed.distribution == "ungater-leaderworkerset"
+    assert (installed.spec.group, installed.spec.kind) == LWS_KIND
