@@ -248,13 +248,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
 async def _explain(args: argparse.Namespace, config: Config, ns: str, name: str) -> int:
     from ungater.explain import ExplainError, explain, render_text
     from ungater.kube import ApiError
-    from ungater.registry import PluginRegistry
+    from ungater.registry import PluginError, PluginRegistry
 
     registry = PluginRegistry.discover(config.plugins.allow)
     client = await _client(args, config)
     try:
         report = await explain(client, config, registry, ns, name)
-    except (ExplainError, ApiError, LookupError) as exc:
+    except (ExplainError, ApiError, LookupError, PluginError) as exc:
         raise CliError(str(exc)) from exc
     finally:
         await client.close()
@@ -275,13 +275,13 @@ async def _audit(args: argparse.Namespace, config: Config) -> int:
     from ungater.auditrun import audit_cluster, render_findings
     from ungater.explain import ExplainError
     from ungater.kube import ApiError
-    from ungater.registry import PluginRegistry
+    from ungater.registry import PluginError, PluginRegistry
 
     registry = PluginRegistry.discover(config.plugins.allow)
     client = await _client(args, config)
     try:
         report = await audit_cluster(client, config, registry, args.namespace)
-    except (ExplainError, ApiError, LookupError) as exc:
+    except (ExplainError, ApiError, LookupError, PluginError) as exc:
         raise CliError(str(exc)) from exc
     finally:
         await client.close()

@@ -103,7 +103,12 @@ class KindHandler:
         result = self._call(
             "ungater_owns_pod", self._owns_pod, owner=owner, pod=pod, chain=tuple(chain)
         )
-        return result is True  # anything but an explicit yes is a no
+        if result is None:  # no answer (pluggy skips None): not proven, so not ours
+            return False
+        if not isinstance(result, bool):
+            # a wrong type ("yes", 1) must not read as a silent "not ours" in `explain`
+            raise PluginError(self.plugin, "ungater_owns_pod", f"not a bool: {result!r}")
+        return result
 
     def pod_set(self, owner: ObjectRef, pod: PodView) -> str | None:
         result = self._call("ungater_pod_set", self._pod_set, owner=owner, pod=pod)

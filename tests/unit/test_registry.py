@@ -357,20 +357,26 @@ def test_selector_result_is_copied() -> None:
     assert out == sel and out is not sel
 
 
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        pytest.param(True, True, id="true"),
-        pytest.param(False, False, id="false"),
-        pytest.param(None, False, id="none"),
-        pytest.param(1, False, id="one"),
-        pytest.param("yes", False, id="str"),
-        pytest.param([OWNER], False, id="list"),
-    ],
-)
-def test_owns_pod_only_an_explicit_true_counts(value: Any, expected: bool) -> None:
+@pytest.mark.parametrize(("value", "expected"), [(True, True), (False, False), (None, False)])
+def test_owns_pod_answers_a_bool_and_no_answer_is_no(value: Any, expected: bool) -> None:
     h = _handler(owns_pod=lambda owner, pod, chain: value)
     assert h.owns_pod(OWNER, POD, [OWNER]) is expected
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param(1, id="one"),
+        pytest.param("yes", id="str"),
+        pytest.param([OWNER], id="list"),
+    ],
+)
+def test_owns_pod_answering_anything_else_is_a_plugin_error(value: Any) -> None:
+    """Never a release (the owner is skipped), and the error names the plugin and the hook."""
+    h = _handler(owns_pod=lambda owner, pod, chain: value)
+    with pytest.raises(PluginError, match=r"ungater_owns_pod: not a bool") as info:
+        h.owns_pod(OWNER, POD, [OWNER])
+    assert info.value.plugin.name in str(info.value)
 
 
 def test_owns_pod_receives_the_chain_as_a_tuple() -> None:
