@@ -532,7 +532,11 @@ class Controller:
                 continue
             if not view.has_gate(rt.gate) and not view.terminal and not view.deleting:
                 self.expectations.expect(key, [uid], rt.kind)
-        log.warning("%s: %d expectation(s) expired; settled from the API server", key, len(uids))
+        log.warning(
+            "%s: %d expectation(s) expired; settled from the API server",
+            self.describe(key),
+            len(uids),
+        )
 
     async def _release(
         self,
@@ -633,6 +637,14 @@ class Controller:
         if view.uid == r.pod.uid and not view.has_gate(r.gate):
             self.notices.foreign_release(view, rt)
 
+    def describe(self, key: OwnerKey) -> str:
+        """The owner as a person reads it, ``Job.batch team-a/train``, for log lines (a UID
+        only while no Workload names it)."""
+        owner = owner_of(self.workloads.for_owner(key.uid))
+        if owner is None:
+            return f"owner {key.namespace}/{key.uid}"
+        return f"{owner.group_kind} {key.namespace}/{owner.name}"
+
     def gated_pods(self) -> dict[tuple[str, str, str], int]:
         """Gated pods by (kind, gate, why they wait), from each owner's last decision: what
         ``ungater_gated_pods`` reports."""
@@ -713,7 +725,7 @@ class Controller:
             except PluginError as exc:
                 result = "plugin_error"
                 self.stats.plugin_errors += 1
-                log.error("%s: skipped: %s", key, exc)
+                log.error("%s: skipped: %s", self.describe(key), exc)
                 if self.metrics is not None:
                     self.metrics.observe_plugin_error(exc.plugin.name)
                 self._event_for(key, WARNING, PLUGIN_ERROR, str(exc))
@@ -724,7 +736,9 @@ class Controller:
             except Exception as exc:
                 result = "error"
                 self.stats.reconcile_errors += 1
-                log.warning("%s: reconcile failed: %r; retrying with backoff", key, exc)
+                log.warning(
+                    "%s: reconcile failed: %r; retrying with backoff", self.describe(key), exc
+                )
                 self.queue.add_rate_limited(key)
             finally:
                 self._busy -= 1

@@ -57,7 +57,7 @@ class Notices:
             if w.reason.startswith("pod set update conflict")
         ]
         for w in conflicts:
-            log.warning("%s: pod %s stays gated: %s", key, w.pod, w.reason)
+            log.warning("%s: pod %s stays gated: %s", c.describe(key), w.pod, w.reason)
         if conflicts:
             first = conflicts[0]
             c._event_for(
@@ -71,7 +71,9 @@ class Notices:
             reason = next(
                 w.reason for r in decision.pod_sets for w in r.waiting if w.pod == stale[0]
             )
-            log.warning("%s: %d pod(s) stay gated; %s: %s", key, len(stale), stale[0], reason)
+            log.warning(
+                "%s: %d pod(s) stay gated; %s: %s", c.describe(key), len(stale), stale[0], reason
+            )
             c._event_for(
                 key,
                 WARNING,
