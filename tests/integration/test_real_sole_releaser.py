@@ -1,0 +1,148 @@
+"""ungater as the only releaser of Kueue's own gate beside the real Kueue v0.17.0, made so by
+the shipped admission policy (deploy/manifests/optional/admission-policy.yaml): Kueue's own
+release patches are refused, everything else Kueue does keeps working, and ungater releases
+exactly what Kueue admitted, lowest completion index first, never more (checked at every event
+in resourceVersion order)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import yaml
+
+from tests.integration.conftest import config_for, running_controller
+from tests.integration.k8s import Kube
+from tests.integration.realpeers import KUEUE_GATE, SliceWatch, controller_uid, is_live
+from tests.integration.test_real_jobs import index, job_size, pending_slice
+from tests.objects import JOBS, PODS, WORKLOADS, gates_of
+from tests.polling import eventually
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+POLICY = Path(__file__).resolve().parents[2] / "deploy/manifests/optional/admission-policy.yaml"
+VAP = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+BINDINGS = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+
+
+@pytest.fixture
+def guarded(kueue_cluster: Any) -> Iterator[None]:
+    """The shipped policy and binding, applied to the Kueue cluster for one test."""
+    docs = [d for d in yaml.safe_load_all(POLICY.read_text()) if d]
+    made: list[str] = []
+    for doc in docs:
+        path = VAP if doc["kind"] == "ValidatingAdmissionPolicy" else BINDINGS
+        status, body = kueue_cluster.request("POST", path, doc)
+        assert status == 201, body
+        made.append(f"{path}/{doc['metadata']['name']}")
+    try:
+        yield
+    finally:
+        for path in reversed(made):
+            kueue_cluster.request("DELETE", path)
+
+
+def elastic_job(name: str, parallelism: int) -> dict[str, Any]:
+    """An elastic Indexed Job with no gate of its own: Kueue's webhook adds its gate."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "labels": {"kueue.x-k8s.io/queue-name": "user-queue"},
+            "annotations": {"kueue.x-k8s.io/elastic-job": "true"},
+        },
+        "spec": {
+            "parallelism": parallelism,
+            "completions": parallelism,
+            "completionMode": "Indexed",
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "registry.invalid/trainer:1",
+                            "resources": {"requests": {"cpu": "1"}},
+                        }
+                    ],
+                }
+            },
+        },
+    }
+
+
+async def released(kube: Kube, ns: str, job: dict[str, Any]) -> list[int]:
+    pods = await kube.list(PODS, ns, f"batch.kubernetes.io/controller-uid={job['metadata']['uid']}")
+    return sorted(index(p) for p in pods if is_live(p) and KUEUE_GATE not in gates_of(p))
+
+
+async def steady(kube: Kube, ns: str, job: dict[str, Any], want: list[int]) -> None:
+    """``want`` released, and still so a second later (nobody releases more)."""
+    await eventually(
+        lambda: _equal(released(kube, ns, job), want), timeout=60, what=f"released {want}"
+    )
+    await anyio.sleep(1.0)
+    assert await released(kube, ns, job) == want
+
+
+async def _equal(got: Any, want: list[int]) -> bool:
+    return await got == want
+
+
+async def scale(kube: Kube, ns: str, n: int) -> None:
+    await kube.merge_patch(JOBS, ns, "train", {"spec": {"parallelism": n, "completions": n}})
+
+
+@pytest.mark.kueue_quota(cpu=4)
+async def test_ungater_releases_kueues_gate_alone_under_the_policy(
+    kueue_cluster: Any, kueue_kube: Kube, kueue_namespace: str, guarded: None
+) -> None:
+    ns = kueue_namespace
+    config = config_for(ns, kinds=[{"group": "batch", "kind": "Job"}])
+    assert config.gate == KUEUE_GATE
+    async with running_controller(kueue_cluster.kubeconfig_path, config) as ctl:
+        await eventually(lambda: ctl.guard.status.get(KUEUE_GATE) is not None, timeout=30)
+        assert ctl.guard.status[KUEUE_GATE].state == "guarded"
+        job = await kueue_kube.create(JOBS, ns, elastic_job("train", 2))
+        gates = [g["name"] for g in job["spec"]["template"]["spec"]["schedulingGates"]]
+        assert gates == [KUEUE_GATE], "Kueue's webhook still adds its gate"
+        watch = SliceWatch(
+            kueue_kube,
+            ns,
+            JOBS,
+            job["metadata"]["uid"],
+            job_size,
+            lambda p: "main",
+            controller_uid,
+            owner_name="train",
+        )
+        async with anyio.create_task_group() as tg:
+            for res, name in ((PODS, "pod"), (WORKLOADS, "workload"), (JOBS, "owner")):
+                tg.start_soon(watch._watch, res, name)
+            await steady(kueue_kube, ns, job, [0, 1])
+            await scale(kueue_kube, ns, 4)
+            await steady(kueue_kube, ns, job, [0, 1, 2, 3])
+            # beyond the quota of 4 CPUs: the scale-up slice waits, so do the new pods
+            await scale(kueue_kube, ns, 6)
+            await eventually(lambda: pending_slice(kueue_kube, ns), timeout=30, what="pending")
+            await steady(kueue_kube, ns, job, [0, 1, 2, 3])
+            await scale(kueue_kube, ns, 3)
+            await eventually(
+                lambda: _released_count(kueue_kube, ns, job, 3), timeout=60, what="3 released"
+            )
+            await anyio.sleep(1.0)
+            tg.cancel_scope.cancel()
+        violations = watch.replay(KUEUE_GATE)
+        assert not violations, violations
+        assert ctl.stats.foreign_releases == 0, "Kueue released nothing itself"
+        assert not any(rt.stood_down for rt in ctl.kinds.values())
+    kueue_log = (kueue_cluster.logs_dir / "kueue.log").read_text(errors="replace")
+    assert "is released by ungater only" in kueue_log, "Kueue tried and was refused"
+
+
+async def _released_count(kube: Kube, ns: str, job: dict[str, Any], n: int) -> bool:
+    return len(await released(kube, ns, job)) == n
