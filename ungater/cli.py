@@ -90,6 +90,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     audit.add_argument("--namespace", "-n", help="only this namespace (default: the config's)")
     audit.add_argument("--json", action="store_true", help="the findings as JSON")
+    audit.add_argument(
+        "--exit-zero",
+        action="store_true",
+        help="exit 0 even when warnings are found (default: exit 3 then)",
+    )
     cluster_args(audit)
     state_help = "where the cluster keeps its state; default: a directory under the cache"
     dev = command("dev-cluster", "a local kube-apiserver, etcd and Job controller")
@@ -290,7 +295,9 @@ async def _audit(args: argparse.Namespace, config: Config) -> int:
         sys.stdout.write("\n")
     else:
         print(render_findings(report))
-    return 0
+    # like a linter: 3 when something needs attention, so a cron job or CI step can alert
+    warnings = [f for f in report["findings"] if f.get("severity") == "warning"]
+    return 3 if warnings and not args.exit_zero else 0
 
 
 def cmd_dev_cluster(args: argparse.Namespace) -> int:

@@ -79,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
         "audit", parents=[common], help="compare what Kueue admitted with what is released"
     )
     audit.add_argument("-A", "--all-namespaces", action="store_true")
+    audit.add_argument("--exit-zero", action="store_true", help="exit 0 even on warnings")
     plugins = sub.add_parser("plugins", help="the installed plugins and the kinds they serve")
     plugins.add_argument("--json", action="store_true")
     sub.add_parser("version", help="print the version")
@@ -124,7 +125,7 @@ def translate(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
     scope = [] if args.all_namespaces else ["--namespace", namespace()]
     if args.all_namespaces and args.namespace:
         parser.error("-A and -n exclude each other")
-    return ["audit", *scope, *_cluster_flags(args)]
+    return ["audit", *scope, *_cluster_flags(args), *(["--exit-zero"] if args.exit_zero else [])]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,10 +6,14 @@ pods/patch."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+import yaml
 
 from tests.integration.conftest import admit, config_for, create_workload
 from tests.integration.k8s import Kube
@@ -43,7 +47,7 @@ async def release_all(kube: Kube, ns: str, selector: str, indexes: set[int] | No
 
 
 async def test_audit_mode_reports_another_releasers_over_release_and_a_stall(
-    control_plane: Any, kube: Kube, kube_namespace: str
+    control_plane: Any, kube: Kube, kube_namespace: str, tmp_path: Path
 ) -> None:
     ns = kube_namespace
     job, sel = await make_job(kube, ns, "train", 4)
@@ -100,6 +104,20 @@ async def test_audit_mode_reports_another_releasers_over_release_and_a_stall(
         shown = await explain(ctl.client, config, ctl.registry, ns, "job-train-a")
         assert shown["mode"] == "audit"
         assert [f["finding"] for f in shown["findings"]] == ["OverRelease"]
+
+        # the command exits 3 on warnings, as a linter does, unless told not to
+        cfg = tmp_path / "audit.yaml"
+        cfg.write_text(yaml.safe_dump(config.dump()))
+        base = [sys.executable, "-m", "ungater.cli", "audit", "-n", ns, "--config", str(cfg)]
+        base += ["--kubeconfig", str(control_plane.kubeconfig_path)]
+        for extra, code in (([], 3), (["--exit-zero"], 0)):
+            proc = await anyio.to_thread.run_sync(
+                lambda e=extra: subprocess.run(
+                    base + e, capture_output=True, text=True, timeout=60, check=False
+                )
+            )
+            assert proc.returncode == code, proc.stdout + proc.stderr
+            assert "OverRelease" in proc.stdout
 
 
 def test_chart_rbac_has_no_pod_patch_in_audit_mode(helm: Path) -> None:  # noqa: F811

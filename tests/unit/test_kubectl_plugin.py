@@ -64,6 +64,7 @@ def test_audit_is_namespaced_like_kubectl_unless_all_namespaces(kubeconfig: Path
     env = {"KUBECONFIG": str(kubeconfig)}
     assert translate(["audit"], env) == ["audit", "--namespace", "team-a"]
     assert translate(["audit", "-A", "--json"], env) == ["audit", "--json"]
+    assert translate(["audit", "--exit-zero"], env)[-1] == "--exit-zero"
     with pytest.raises(SystemExit):
         translate(["audit", "-A", "-n", "x"], env)
 
