@@ -127,6 +127,14 @@ def _started_plane(request: pytest.FixtureRequest, *, peers: bool) -> Iterator[L
         from ungater.devcluster.peers import create_default_flavor
 
         create_default_flavor(plane)
+        if plane.peers is not None:
+            timings = ", ".join(f"{k} {v}s" for k, v in plane.peers.seconds.items())
+            message = f"peers {', '.join(plane.peers.names)} up (seconds since start: {timings})"
+            if capture is not None:
+                with capture.global_and_fixture_disabled():
+                    say(message)
+            else:
+                say(message)
     _ACTIVE.append(plane)
     try:
         yield plane
