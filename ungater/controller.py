@@ -574,8 +574,9 @@ class Controller:
                     waits.append(waited)
             elif outcome == DELETING:
                 # ours, but no release: keep it among our pods (its watch event must not look
-                # like someone else's release) and re-decide
-                self.expectations.observe(r.pod.uid)
+                # like someone else's release) and re-decide; the expectation stays until the
+                # deciding view shows the pod terminating, or a re-decision on the older view
+                # (still gated, live) patches it again and reads its own write as foreign
                 retry = True
             elif outcome == BLOCKED:
                 self.expectations.observe(r.pod.uid)  # refused: nothing of ours in flight
