@@ -32,7 +32,7 @@ import itertools
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,11 +179,13 @@ class FakeKube:
         max_delay: float = 0.0,
         bookmark_interval: float | None = None,
         strict: bool = False,
+        lag: Mapping[str, float] | None = None,
     ) -> None:
         """``max_delay``: each watch event arrives after up to this many seconds (order kept
         within one watch, not between watches); ``seed`` makes the delays repeatable;
         ``bookmark_interval``: a quiet watch sends a bookmark this often; ``strict``: ``put``
-        validates pod updates too, as if the test's writer went through the API server."""
+        validates pod updates too, as if the test's writer went through the API server;
+        ``lag``: a fixed extra delay for the watches of some plurals (a slow stream)."""
         self.served = served if served is not None else {"kueue.x-k8s.io": ["v1beta2", "v1beta1"]}
         self.rv = 0
         self.objects: dict[tuple[str, str, str, str], dict[str, Any]] = {}
@@ -196,6 +198,7 @@ class FakeKube:
         self._clock = itertools.count(1)
         self.rng = random.Random(seed)
         self.max_delay = max_delay
+        self.lag: Mapping[str, float] = dict(lag or {})
         self.bookmark_interval = bookmark_interval
         self.strict = strict
         self.patches: list[tuple[str, str, list[dict[str, Any]]]] = []
@@ -230,8 +233,10 @@ class FakeKube:
         return None
 
     def _push(self, w: _Watch, item: Any) -> None:
-        if self.max_delay > 0:
-            due = max(w.last_due, time.monotonic() + self.rng.uniform(0, self.max_delay))
+        lag = self.lag.get(w.rkey[1], 0.0)
+        if self.max_delay > 0 or lag > 0:
+            delay = lag + self.rng.uniform(0, self.max_delay)
+            due = max(w.last_due, time.monotonic() + delay)
         else:
             due = 0.0
         w.last_due = due
