@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -101,3 +102,26 @@ def test_webhooks_are_served_on_loopback_with_the_cluster_ca(kueue_cluster: Any)
         "GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/workloads.kueue.x-k8s.io"
     )
     assert crd["spec"]["conversion"]["strategy"] == "Webhook"
+
+
+def test_a_peer_lives_and_dies_with_its_control_plane(control_plane: Any) -> None:
+    """A plane of its own with one peer: stop() ends every process by pid, the peer first."""
+    from ungater.devcluster.cluster import LocalControlPlane
+
+    plane = LocalControlPlane(control_plane.binaries, peers=("jobset",))
+    try:
+        plane.start()
+        pids = plane.pids
+        assert list(pids) == ["etcd", "kube-apiserver", "kube-controller-manager", "jobset"]
+        assert plane.peers is not None and plane.peers.integrations == (
+            "batch/job",
+            "jobset.x-k8s.io/jobset",
+        )
+    finally:
+        plane.stop()
+    for pid in pids.values():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue  # gone
+        assert stat.rsplit(")", 1)[-1].split()[0] == "Z", f"pid {pid} still runs"
