@@ -3,15 +3,14 @@
 Log lines, rate-limited Events and metrics for pods that stay gated (pod set update conflicts,
 stale ProvisioningRequests, unmapped pods outside a slice hand-over, releases refused for
 good), for a gate removed by someone else, and the stand-down that follows when that repeats;
-and the lines ``/readyz`` shows beside "ok". Kept out of ``controller.py``, which calls it from
-the reconcile path; it reads the controller's state and moves its queue, nothing more.
+and the lines ``/readyz`` shows beside "ok". Called from the event handlers, the reconciler and
+the manager; it reads the shared ``State`` and moves its queue, nothing more.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ungater.assess import owner_of
 from ungater.cache import OwnerKey
@@ -27,9 +26,7 @@ from ungater.events import (
 )
 from ungater.model import PodView
 from ungater.standdown import Tripped
-
-if TYPE_CHECKING:
-    from ungater.controller import Controller, KindRuntime
+from ungater.state import KindRuntime, State
 
 __all__ = ["POD_SET_UPDATE_CONFLICT", "Notices"]
 
@@ -38,8 +35,8 @@ POD_SET_UPDATE_CONFLICT = "PodSetUpdateConflict"
 
 
 class Notices:
-    def __init__(self, controller: Controller) -> None:
-        self.c = controller
+    def __init__(self, state: State) -> None:
+        self.c = state
         self._inactive_since: dict[OwnerKey, float] = {}  # chains seen without an active slice
 
     def forget(self, key: OwnerKey) -> None:
@@ -60,7 +57,7 @@ class Notices:
             log.warning("%s: pod %s stays gated: %s", c.describe(key), w.pod, w.reason)
         if conflicts:
             first = conflicts[0]
-            c._event_for(
+            c.event_for(
                 key,
                 WARNING,
                 POD_SET_UPDATE_CONFLICT,
@@ -74,7 +71,7 @@ class Notices:
             log.warning(
                 "%s: %d pod(s) stay gated; %s: %s", c.describe(key), len(stale), stale[0], reason
             )
-            c._event_for(
+            c.event_for(
                 key,
                 WARNING,
                 STALE_PROVISIONING_REQUEST,
@@ -85,7 +82,7 @@ class Notices:
         elif decision.unmapped:
             # Kueue finishes a replaced slice a few ms before it admits the next one: a chain
             # without an active slice for less than the grace is a hand-over, not an anomaly
-            now = c._clock()
+            now = c.clock()
             since = self._inactive_since.setdefault(key, now)
             left = c.config.slice_handover_grace_seconds - (now - since)
             if left > 0:
@@ -93,7 +90,7 @@ class Notices:
                 return
         if decision.unmapped:
             first = decision.unmapped[0]
-            c._event_for(
+            c.event_for(
                 key,
                 WARNING,
                 PODS_UNMAPPED,
@@ -120,7 +117,7 @@ class Notices:
             )
             if c.metrics is not None:
                 c.metrics.observe_release_blocked(str(rt.kind))
-            c._event_for(key, WARNING, RELEASE_BLOCKED, f"pod {r.pod.name}: {reason}")
+            c.event_for(key, WARNING, RELEASE_BLOCKED, f"pod {r.pod.name}: {reason}")
         c.queue.add(key)
         wait = c.blocked.next_retry(r.pod.uid for r in refused)
         if wait is not None:
@@ -132,16 +129,16 @@ class Notices:
         """Our gate was removed from ``pod`` by another writer: warn, count, maybe stand down."""
         c = self.c
         gate = rt.gate
-        if pod.uid in c._foreign_seen:
+        if pod.uid in c.foreign_seen:
             return  # once per pod, whichever watch or refused patch shows it again
-        c._foreign_seen.add(pod.uid)
+        c.foreign_seen.add(pod.uid)
         c.stats.foreign_releases += 1
         if c.metrics is not None:
             c.metrics.observe_foreign_release()
         ctrl = pod.controller
-        for key in c._owners_of(pod.namespace, ctrl.uid if ctrl else None):
+        for key in c.owners_of(pod.namespace, ctrl.uid if ctrl else None):
             message = f"gate {gate} was removed from pod {pod.name} by another writer"
-            c._event_for(key, WARNING, FOREIGN_RELEASE, message)
+            c.event_for(key, WARNING, FOREIGN_RELEASE, message)
         log.warning(
             "gate %s was removed from pod %s/%s by someone else: another releaser owns this "
             "gate, and the cap can no longer be guaranteed",
@@ -166,11 +163,11 @@ class Notices:
             if (o := owner_of(c.workloads.for_owner(k.uid))) is not None and o.group_kind == rt.kind
         ]
         for key in keys:
-            c._event_for(key, WARNING, STOOD_DOWN, verdict.message)
+            c.event_for(key, WARNING, STOOD_DOWN, verdict.message)
         if verdict.action == "exit":
             c.fatal_error = verdict.message
-            if c._stop is not None:
-                c._stop.set()
+            if c.stop is not None:
+                c.stop.set()
             return
         rt.mode, rt.stood_down = "audit", verdict.message
         for key in keys:

@@ -1,0 +1,285 @@
+"""One owner key to the patches it needs: expectations, then decide, then refresh the owner,
+then release.
+
+``Reconciler.reconcile`` is the whole path, read top to bottom. It never decides on a cache
+that has not seen its own writes (expectations, settled from the API server when they expire),
+refills no freed slot from an owner view that may predate a scale-down (a quorum read first),
+and in audit mode compares instead of patching. Patch requests and their outcomes are
+``patcher.py``'s; what the operator is told, ``notices.py``'s.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from ungater.assess import owner_of, pod_facts
+from ungater.cache import OwnerKey
+from ungater.decision import Decision, PodFacts, Release, active_slice, decide
+from ungater.events import NORMAL, RELEASED, InvolvedObject, released_message
+from ungater.kube import PODS, Resource
+from ungater.metrics import seconds_since
+from ungater.model import ADMITTED, MalformedObject, ObjectRef, WorkloadView, parse_pod
+from ungater.notices import Notices
+from ungater.patcher import BLOCKED, CONFLICT, DELETING, GONE, SKIPPED, Patcher
+from ungater.patcher import RELEASED as PATCH_RELEASED
+from ungater.state import KindRuntime, State, resource_version_number
+
+__all__ = ["Changed", "Reconciler"]
+
+log = logging.getLogger("ungater.controller")  # the controller's voice, as before the split
+
+
+class Changed(Exception):
+    """Pods changed under our patches (gone, or our guarded patch refused): retry later."""
+
+
+class Reconciler:
+    def __init__(self, state: State, notices: Notices, patcher: Patcher) -> None:
+        self.s = state
+        self.notices = notices
+        self.patcher = patcher
+
+    async def reconcile(self, key: OwnerKey) -> Decision | None:
+        """Decide for one owner and release what the decision chose."""
+        s = self.s
+        s.stats.reconciles += 1
+        slices = s.workloads.for_owner(key.uid)
+        if not slices:
+            s.expectations.forget_key(key)
+            s.decisions.pop(key, None)
+            s.auditor.forget(key)
+            self.notices.forget(key)
+            return None
+        owner = owner_of(slices)
+        rt = s.kinds.get(owner.group_kind) if owner else None
+        if owner is None or rt is None:
+            return None
+        if rt.mode == "audit":
+            return self._audit(key, rt, owner, slices)
+        if s.expectations.pending(key):
+            expired = s.expectations.expired(key)
+            if not expired:
+                wait = s.expectations.next_deadline(key) or 0.0
+                s.queue.add_after(key, max(wait, 0.01))
+                return None
+            await self._settle_expired(key, rt, expired)
+        decision = self._decide(key, rt, owner, slices)
+        if decision.releases and self._owner_may_be_stale(key, rt, owner):
+            # a released pod ended after our last view of the owner: the owner may have shrunk
+            # first (scale-down), so refill nothing until a fresh read says how big it is now
+            if not await self._refresh_owner(rt, key.namespace, owner):
+                return None
+            decision = self._decide(key, rt, owner, slices)
+        self.notices.stuck(key, decision)
+        s.decisions[key] = decision
+        if decision.releases:
+            await self._release(key, rt, owner.name, decision, active_slice(slices))
+        return decision
+
+    # -- deciding --------------------------------------------------------------------------------
+
+    def _inputs(
+        self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef
+    ) -> tuple[list[PodFacts], Mapping[str, int] | None]:
+        """The decision's input from what the caches hold now: pod facts, the owner's size."""
+        owner_facts = self.s.owner_facts.get(owner.uid)
+        pods = rt.pods.select(key.namespace, rt.handler.pod_selector(owner))
+        facts = pod_facts(rt.handler, owner, pods, self.s.objects, owner_facts)
+        desired = rt.handler.desired_counts(owner_facts) if owner_facts is not None else None
+        return facts, desired
+
+    def _audit(
+        self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef, slices: list[WorkloadView]
+    ) -> Decision:
+        """Audit mode: the same decision, compared with the pods as they are; nothing patched."""
+        s = self.s
+        facts, desired = self._inputs(key, rt, owner)
+        decision, wait = s.auditor.observe(
+            key,
+            str(rt.kind),
+            owner,
+            key.namespace,
+            slices,
+            facts,
+            rt.gate,
+            desired,
+            s.workload_version,
+        )
+        s.decisions[key] = decision
+        if wait is not None:
+            s.queue.add_after(key, wait)
+        return decision
+
+    def _decide(
+        self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef, slices: list[WorkloadView]
+    ) -> Decision:
+        """The pure decision on what the caches hold now for this owner."""
+        facts, desired = self._inputs(key, rt, owner)
+        pods = [f.pod for f in facts]
+        return decide(
+            slices,
+            facts,
+            rt.gate,
+            self.s.expectations.pending(key),
+            apply_pod_set_updates=self.s.config.apply_pod_set_updates,
+            desired=desired,
+            blocked=self.s.blocked.waiting(p.uid for p in pods),
+        )
+
+    # -- views that may be stale -----------------------------------------------------------------
+
+    def _owner_may_be_stale(self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef) -> bool:
+        freed = self.s.freed_rv.get(key)
+        if freed is None or rt.handler.spec.owner_resource is None:
+            return False
+        return self.s.owner_rv.get(owner.uid, -1) < freed
+
+    async def _refresh_owner(self, rt: KindRuntime, namespace: str, owner: ObjectRef) -> bool:
+        """Read the owner from the API server (a quorum read) into the owner facts.
+
+        False when it is gone or is another object now: nothing may be released for it.
+        """
+        spec = rt.handler.spec.owner_resource
+        assert spec is not None
+        res = Resource(spec.group, spec.version, spec.plural, spec.kind)
+        obj = await self.s.client.get(res, namespace, owner.name)
+        if obj is None or (obj.get("metadata") or {}).get("uid") != owner.uid:
+            return False
+        view = self.s.parse_owner(rt, obj)
+        if resource_version_number(view.resource_version) is None:
+            return False
+        self.s.keep_owner(view)
+        return True
+
+    async def _settle_expired(self, key: OwnerKey, rt: KindRuntime, uids: frozenset[str]) -> None:
+        """The watch has not shown our patches in time: ask the API server for the truth.
+
+        A pod that is released keeps counting as in flight (re-armed) until the cache catches up;
+        one that is gone or still gated no longer does.
+        """
+        s = self.s
+        s.expectations.expired_total += len(uids)
+        for uid in uids:
+            pod = rt.pods.by_uid.get(uid)
+            s.expectations.observe(uid)
+            if pod is None:
+                continue
+            fresh = await s.client.get(PODS, pod.namespace, pod.name)
+            if fresh is None or (fresh.get("metadata") or {}).get("uid") != uid:
+                continue
+            try:
+                view = parse_pod(fresh)
+            except MalformedObject:
+                continue
+            if not view.has_gate(rt.gate) and not view.terminal and not view.deleting:
+                s.expectations.expect(key, [uid], rt.kind)
+        log.warning(
+            "%s: %d expectation(s) expired; settled from the API server",
+            s.describe(key),
+            len(uids),
+        )
+
+    # -- releasing -------------------------------------------------------------------------------
+
+    async def _release(
+        self,
+        key: OwnerKey,
+        rt: KindRuntime,
+        owner_name: str,
+        decision: Decision,
+        active: WorkloadView | None,
+    ) -> None:
+        """Expect the chosen pods, patch them, and act on each outcome."""
+        s = self.s
+        releases = decision.releases
+        s.expectations.expect(key, [r.pod.uid for r in releases], rt.kind)
+        s.ours.update(r.pod.uid for r in releases)
+        outcomes = await self.patcher.release_all(releases)
+        retry = False
+        failed = 0
+        released: list[Release] = []
+        waits: list[float] = []  # since each released pod became releasable
+        refused: list[Release] = []
+        for r in releases:
+            outcome = outcomes.get(r.pod.uid, "error")
+            if outcome == PATCH_RELEASED:
+                s.stats.released += 1
+                s.blocked.clear(r.pod.uid)
+                released.append(r)
+                waited = s.releasable.waited(key, r.pod.uid)
+                if waited is not None:
+                    waits.append(waited)
+            elif outcome == DELETING:
+                # ours, but no release: keep it among our pods (its watch event must not look
+                # like someone else's release) and re-decide; the expectation stays until the
+                # deciding view shows the pod terminating, or a re-decision on the older view
+                # (still gated, live) patches it again and reads its own write as foreign
+                retry = True
+            elif outcome == BLOCKED:
+                s.expectations.observe(r.pod.uid)  # refused: nothing of ours in flight
+                s.ours.discard(r.pod.uid)
+                refused.append(r)
+            elif outcome in (GONE, CONFLICT, SKIPPED):
+                s.expectations.observe(r.pod.uid)  # nothing of ours is in flight there
+                s.ours.discard(r.pod.uid)
+                if outcome == CONFLICT:
+                    await self.patcher.check_foreign_release(r, rt)
+                retry = retry or outcome != SKIPPED
+            else:
+                failed += 1  # unknown outcome: the patch may have landed; keep expecting it
+        self._announce(key, rt, owner_name, decision, active, released, waits)
+        if refused:
+            self.notices.blocked(key, rt, refused)
+        if failed:
+            raise RuntimeError(f"{failed} patch(es) failed for {key}")
+        if retry:
+            # the cache was behind the server: re-decide, but back off per key, so that a
+            # lagging watch cannot turn into a hot loop of refused patches
+            raise Changed(key)
+
+    def _announce(
+        self,
+        key: OwnerKey,
+        rt: KindRuntime,
+        owner_name: str,
+        decision: Decision,
+        active: WorkloadView | None,
+        released: list[Release],
+        waits: list[float],
+    ) -> None:
+        """Metrics, a ``Released`` Event and a log line per pod set released."""
+        s = self.s
+        by_set: dict[str, int] = {}
+        for r in released:
+            by_set[r.pod_set] = by_set.get(r.pod_set, 0) + 1
+        admitted = active.conditions.get(ADMITTED) if active is not None else None
+        latency = seconds_since(admitted.transition_time) if admitted is not None else None
+        if s.metrics is not None:
+            for waited in waits:
+                s.metrics.observe_release_wait(str(rt.kind), waited)
+        for pod_set, n in by_set.items():
+            if s.metrics is not None:
+                for _ in range(n):
+                    s.metrics.observe_release(str(rt.kind), pod_set, latency)
+            if s.events is not None and active is not None:
+                s.events.record(
+                    InvolvedObject.workload(active, s.workload_version),
+                    NORMAL,
+                    RELEASED,
+                    released_message(n, pod_set),
+                )
+            log.info(
+                "released %d pod(s) of pod set %s of %s %s/%s (slice %s)",
+                n,
+                pod_set,
+                rt.kind,
+                key.namespace,
+                owner_name,
+                decision.active_slice,
+                extra={
+                    "workload": decision.active_slice,
+                    "owner": f"{rt.kind} {key.namespace}/{owner_name}",
+                    "pod_set": pod_set,
+                },
+            )

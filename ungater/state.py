@@ -1,0 +1,192 @@
+"""What the controller's parts share: the caches, the work queue and the bookkeeping around them.
+
+The manager (``controller.py``) builds one ``State`` and hands it to the event handlers
+(``handlers.py``), the reconciler (``reconciler.py``), the patcher (``patcher.py``) and the
+notices (``notices.py``). Keeping it in one plain object makes each part's reads and writes
+visible by name, instead of every part reaching into the manager. No I/O here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from ungater.assess import owner_of
+from ungater.auditing import Auditor
+from ungater.blocked import BlockedReleases
+from ungater.cache import OwnerKey, PodIndex, WorkloadIndex, ancestors
+from ungater.config import Config
+from ungater.decision import Decision, active_slice, order_slices
+from ungater.events import EventRecorder, InvolvedObject
+from ungater.expectations import Expectations
+from ungater.guard import GateGuard
+from ungater.kube import KubeClient
+from ungater.metrics import Metrics
+from ungater.model import Kind, ObjectView
+from ungater.registry import KindHandler, PluginError
+from ungater.releasable import ReleasableClock
+from ungater.standdown import StandDown
+from ungater.workqueue import WorkQueue
+
+__all__ = ["KindRuntime", "OwnerFacts", "State", "Stats", "resource_version_number"]
+
+log = logging.getLogger("ungater.controller")  # the controller's voice, as before the split
+
+
+@dataclass
+class KindRuntime:
+    """What the controller holds per configured owner kind."""
+
+    handler: KindHandler
+    gate: str
+    pods: PodIndex
+    mode: str = "release"  # "audit": decide and report, never patch
+    stood_down: str = ""  # why this kind stopped releasing (see ungater.standdown)
+
+    @property
+    def kind(self) -> Kind:
+        return self.handler.kind
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerFacts:
+    """What a plugin extracted from an owner object, kept instead of the object."""
+
+    namespace: str
+    uid: str
+    facts: dict[str, Any]
+    resource_version: str = ""
+
+
+@dataclass
+class Stats:
+    reconciles: int = 0
+    reconcile_errors: int = 0
+    plugin_errors: int = 0
+    released: int = 0
+    patch_conflicts: int = 0
+    patch_gone: int = 0
+    patch_errors: int = 0
+    patch_blocked: int = 0
+    released_deleting: int = 0
+    foreign_releases: int = 0
+    skipped_kinds: list[str] = field(default_factory=list)
+
+
+def resource_version_number(resource_version: str) -> int | None:
+    """An etcd-backed API server's resourceVersions are increasing integers across all
+    resources; anything else cannot be ordered."""
+    return int(resource_version) if resource_version.isdigit() else None
+
+
+class State:
+    def __init__(
+        self,
+        config: Config,
+        client: KubeClient,
+        kinds: dict[Kind, KindRuntime],
+        stats: Stats,
+        clock: Callable[[], float],
+        metrics: Metrics | None,
+        events: EventRecorder | None,
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.kinds = kinds
+        self.stats = stats
+        self.clock = clock
+        self.metrics = metrics
+        self.events = events
+        self.leading: Callable[[], bool] = lambda: True  # set by the manager under election
+        self.workload_version = ""
+        # caches, filled by the event handlers
+        self.workloads = WorkloadIndex()
+        self.objects: dict[str, ObjectView] = {}  # intermediate owners by UID
+        self.owner_facts: dict[str, dict[str, Any]] = {}
+        self.owner_rv: dict[str, int] = {}
+        # per owner: the newest resourceVersion of one of its pods that ended or went away,
+        # to tell whether the cached owner object may predate the event that freed a slot
+        self.freed_rv: dict[OwnerKey, int] = {}
+        self.queue: WorkQueue[OwnerKey] = WorkQueue()
+        self.expectations = Expectations(config.expectations_timeout_seconds, clock)
+        self.decisions: dict[OwnerKey, Decision] = {}  # each owner's last decision
+        self.ours: set[str] = set()  # pods we are patching or have patched, to spot others
+        self.foreign_seen: set[str] = set()  # pods already reported released by another
+        rb = config.release_blocked
+        self.blocked = BlockedReleases(  # releases refused for good, per pod
+            rb.initial_backoff_seconds, rb.max_backoff_seconds, clock=clock
+        )
+        self.releasable = ReleasableClock(clock)  # when each gated pod could first go
+        self.auditor = Auditor(config.audit, config.slice_handover_grace_seconds, metrics, events)
+        self.stand_down = StandDown(config.stand_down, clock)
+        self.guard = GateGuard(  # is each gate guarded against the other releaser?
+            client, (rt.gate for rt in kinds.values()), config.policy_check_interval_seconds
+        )
+        self.fatal_error = ""  # set when the process must end (standDown.action: exit)
+        self.stop: anyio.Event | None = None  # the manager's stop, once it runs
+
+    def describe(self, key: OwnerKey) -> str:
+        """The owner as a person reads it, ``Job.batch team-a/train``, for log lines (a UID
+        only while no Workload names it)."""
+        owner = owner_of(self.workloads.for_owner(key.uid))
+        if owner is None:
+            return f"owner {key.namespace}/{key.uid}"
+        return f"{owner.group_kind} {key.namespace}/{owner.name}"
+
+    def kind_of(self, key: OwnerKey) -> KindRuntime | None:
+        owner = owner_of(self.workloads.for_owner(key.uid))
+        return self.kinds.get(owner.group_kind) if owner else None
+
+    def owners_of(self, namespace: str, controller_uid: str | None) -> list[OwnerKey]:
+        """The owners with Workloads above an object whose controller is ``controller_uid``."""
+        if controller_uid is None:
+            return []
+        obj = self.objects.get(controller_uid)
+        uids = (
+            [controller_uid, *ancestors(obj.controller, self.objects)] if obj else [controller_uid]
+        )
+        return [OwnerKey(namespace, uid) for uid in uids if self.workloads.has_owner(uid)]
+
+    def event_for(self, key: OwnerKey, type_: str, reason: str, message: str) -> None:
+        """An Event on the owner's newest slice (best effort, rate-limited by the recorder)."""
+        if self.events is None:
+            return
+        slices = self.workloads.for_owner(key.uid)
+        if not slices:
+            return
+        wl = active_slice(slices) or order_slices(slices)[-1]
+        self.events.record(
+            InvolvedObject.workload(wl, self.workload_version), type_, reason, message
+        )
+
+    # -- owner objects: the plugin's facts and the resourceVersion they were read at ----------
+
+    def parse_owner(self, rt: KindRuntime, obj: Mapping[str, Any]) -> OwnerFacts:
+        meta = obj.get("metadata") or {}
+        try:
+            facts = rt.handler.owner_facts(obj)
+        except PluginError as exc:
+            self.stats.plugin_errors += 1
+            log.error("%s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
+            facts = {}
+        return OwnerFacts(
+            str(meta.get("namespace", "")),
+            str(meta.get("uid", "")),
+            facts,
+            str(meta.get("resourceVersion", "")),
+        )
+
+    def keep_owner(self, view: OwnerFacts) -> None:
+        rv = resource_version_number(view.resource_version)
+        if rv is not None and rv < self.owner_rv.get(view.uid, -1):
+            return  # a fresh read already gave us something newer than this event
+        self.owner_facts[view.uid] = view.facts
+        self.owner_rv[view.uid] = rv if rv is not None else -1
+
+    def forget_owner(self, view: OwnerFacts) -> None:
+        self.owner_facts.pop(view.uid, None)
+        self.owner_rv.pop(view.uid, None)
