@@ -19,12 +19,12 @@ import anyio
 
 from ungater.cache import OwnerKey, PodIndex
 from ungater.config import Config
-from ungater.decision import Decision, gated_by_reason
+from ungater.decision import Decision
 from ungater.events import PLUGIN_ERROR, WARNING, EventRecorder
 from ungater.handlers import KUEUE_GROUP, EventHandlers, workload_resource
 from ungater.kube import KubeClient
 from ungater.leader import LeaderElector, LeaderTerm
-from ungater.metrics import Metrics
+from ungater.metrics import ControllerSnapshot, Metrics
 from ungater.model import Kind
 from ungater.notices import Notices
 from ungater.patcher import Patcher
@@ -152,17 +152,14 @@ class Controller:
         return self.state.describe(key)
 
     def gated_pods(self) -> dict[tuple[str, str, str], int]:
-        """Gated pods by (kind, gate, why they wait), from each owner's last decision: what
-        ``ungater_gated_pods`` reports."""
-        out: dict[tuple[str, str, str], int] = {}
-        for key, decision in list(self.decisions.items()):
-            rt = self.state.kind_of(key)
-            if rt is None:
-                continue
-            for reason, n in gated_by_reason(decision).items():
-                label = (str(rt.kind), rt.gate, reason)
-                out[label] = out.get(label, 0) + n
-        return out
+        """Gated pods by (kind, gate, why they wait): what ``ungater_gated_pods`` reports."""
+        return self.state.gated_pods()
+
+    def metrics_snapshot(self) -> ControllerSnapshot:
+        """The figures ``ungater.metrics`` reads at scrape time (its ``SnapshotSource``)."""
+        return self.state.snapshot(
+            ((r.name, r.stats) for r in self.reflectors), self.ready.is_set()
+        )
 
     def status_lines(self) -> list[str]:
         """What ``/readyz`` says beside "ok" (see ``Notices.status_lines``)."""

@@ -2,19 +2,19 @@
 
 This module owns the metric names and labels, which are the contract with dashboards and
 alerts. Things the controller already counts (work queue, expectations, reflectors, caches) are
-read at scrape time by a collector bound to the controller, instead of being counted twice; the
-collector is duck-typed (``getattr`` with defaults), so it can be bound before the controller
-has built all of its parts, and a part that fails to read never fails the scrape. Things that
-happen (a release, a reconcile, a patch outcome) are ordinary counters and histograms that the
-controller moves.
+read at scrape time instead of being counted twice: the controller answers
+``metrics_snapshot()`` with a ``ControllerSnapshot`` of plain figures (the ``SnapshotSource``
+protocol), and a snapshot that fails never fails the scrape. Things that happen (a release, a
+reconcile, a patch outcome) are ordinary counters and histograms that the controller moves.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -26,7 +26,9 @@ __all__ = [
     "PATCH_OUTCOMES",
     "RECONCILE_RESULTS",
     "RELEASE_LATENCY_BUCKETS",
+    "ControllerSnapshot",
     "Metrics",
+    "SnapshotSource",
     "seconds_since",
 ]
 
@@ -61,176 +63,175 @@ def seconds_since(timestamp: str, now: datetime | None = None) -> float | None:
     return max(0.0, ((now or datetime.now(UTC)) - stamp).total_seconds())
 
 
-def _number(value: Any) -> float:
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, int | float):
-        return float(value)
-    return 0.0
+WATCH_SERIES = {  # a reflector's counter -> (series, help)
+    "watch_restarts": ("ungater_watch_restarts", "Watches restarted after a failure."),
+    "relists_gone": ("ungater_watch_relists", "Relists after 410 Gone."),
+    "silent_restarts": (
+        "ungater_watch_silent_restarts",
+        "Watches restarted because the stream was silent too long.",
+    ),
+    "lists": ("ungater_watch_lists", "Lists made (the first one included)."),
+    "events": ("ungater_watch_events", "Watch events applied to the cache."),
+    "malformed": ("ungater_watch_malformed", "Objects skipped as malformed."),
+}
 
 
-def _size(value: Any) -> float:
-    try:
-        return float(len(value))
-    except TypeError:
-        return 0.0
+@dataclass(frozen=True)
+class ControllerSnapshot:
+    """What the controller already counts, read once per scrape: plain figures, so the
+    collector needs to know nothing of the controller's parts. The defaults are an idle,
+    unsynced controller's."""
+
+    queue_depth: int = 0
+    queue_adds: int = 0
+    queue_retries: int = 0
+    expectations_pending: int = 0
+    expectations_expired: int = 0
+    release_blocked: int = 0  # gated pods backing off after a refusal
+    watches: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # by resource
+    cached_workloads: int = 0
+    cached_pods: int = 0
+    cached_intermediates: int = 0
+    synced: bool = False
+    audit_findings: Mapping[tuple[str, str], int] = field(default_factory=dict)  # kind, finding
+    stood_down: Mapping[str, bool] = field(default_factory=dict)  # by kind
+    stale_provisioning_pods: int = 0
+    gate_guard: Mapping[str, str] = field(default_factory=dict)  # gate -> guarded|unguarded|...
+    gated_pods: Mapping[tuple[str, str, str], int] = field(default_factory=dict)  # kind, gate, why
+
+
+class SnapshotSource(Protocol):
+    """What ``Metrics.bind`` takes: anything that can say its figures now."""
+
+    def metrics_snapshot(self) -> ControllerSnapshot: ...
 
 
 class ControllerCollector(Collector):
-    """Reads a controller-like object at scrape time. Every attribute is optional."""
+    """Turns the bound source's snapshot into series at scrape time. Unbound, it reports an
+    idle controller; a source that fails to answer drops only its own series, never the
+    scrape."""
 
     def __init__(self) -> None:
-        self.target: Any = None
+        self.source: SnapshotSource | None = None
+        self._warned = False
 
     def collect(self) -> Iterator[Metric]:
-        for part in (self._queue, self._expectations, self._watches, self._caches, self._audit):
-            try:
-                yield from part(self.target)
-            except Exception:  # a half-built controller must not break /metrics
-                log.debug("metrics: reading %s failed", part.__name__, exc_info=True)
+        try:
+            snap = self.source.metrics_snapshot() if self.source else ControllerSnapshot()
+        except Exception:
+            level = logging.DEBUG if self._warned else logging.WARNING
+            log.log(level, "metrics: reading the controller failed", exc_info=True)
+            self._warned = True
+            return
+        for part in (_queue, _expectations, _watches, _caches, _audit):
+            yield from part(snap)
 
-    @staticmethod
-    def _queue(c: Any) -> Iterable[Metric]:
-        queue = getattr(c, "queue", None)
-        depth = GaugeMetricFamily(
-            "workqueue_depth", "Current depth of the work queue.", labels=["name"]
-        )
-        depth.add_metric([QUEUE_NAME], _number(getattr(queue, "depth", 0)))
-        adds = CounterMetricFamily(
-            "workqueue_adds", "Total number of adds handled by the work queue.", labels=["name"]
-        )
-        adds.add_metric([QUEUE_NAME], _number(getattr(queue, "adds", 0)))
-        retries = CounterMetricFamily(
-            "workqueue_retries", "Total number of retries (backoff re-adds).", labels=["name"]
-        )
-        retries.add_metric([QUEUE_NAME], _number(getattr(queue, "retries", 0)))
-        return (depth, adds, retries)
 
-    @staticmethod
-    def _expectations(c: Any) -> Iterable[Metric]:
-        exp = getattr(c, "expectations", None)
-        blocked = getattr(c, "blocked", None)
-        return (
-            GaugeMetricFamily(
-                "ungater_pods_release_blocked",
-                "Gated pods whose release the API server refused for good, backing off now.",
-                value=_size(blocked) if blocked is not None else 0.0,
-            ),
-            GaugeMetricFamily(
-                "ungater_expectations_pending",
-                "Pods patched whose release the cache has not shown yet.",
-                value=_size(exp) if exp is not None else 0.0,
-            ),
-            CounterMetricFamily(
-                "ungater_expectations_expired",
-                "Expectations that timed out and were settled from the API server.",
-                value=_number(getattr(exp, "expired_total", 0)),
-            ),
-        )
+def _queue(snap: ControllerSnapshot) -> Iterable[Metric]:
+    depth = GaugeMetricFamily(
+        "workqueue_depth", "Current depth of the work queue.", labels=["name"]
+    )
+    depth.add_metric([QUEUE_NAME], snap.queue_depth)
+    adds = CounterMetricFamily(
+        "workqueue_adds", "Total number of adds handled by the work queue.", labels=["name"]
+    )
+    adds.add_metric([QUEUE_NAME], snap.queue_adds)
+    retries = CounterMetricFamily(
+        "workqueue_retries", "Total number of retries (backoff re-adds).", labels=["name"]
+    )
+    retries.add_metric([QUEUE_NAME], snap.queue_retries)
+    return (depth, adds, retries)
 
-    @staticmethod
-    def _watches(c: Any) -> Iterable[Metric]:
-        series = {
-            "watch_restarts": ("ungater_watch_restarts", "Watches restarted after a failure."),
-            "relists_gone": ("ungater_watch_relists", "Relists after 410 Gone."),
-            "silent_restarts": (
-                "ungater_watch_silent_restarts",
-                "Watches restarted because the stream was silent too long.",
-            ),
-            "lists": ("ungater_watch_lists", "Lists made (the first one included)."),
-            "events": ("ungater_watch_events", "Watch events applied to the cache."),
-            "malformed": ("ungater_watch_malformed", "Objects skipped as malformed."),
-        }
-        families = {
-            attr: CounterMetricFamily(name, doc, labels=["resource"])
-            for attr, (name, doc) in series.items()
-        }
-        totals: dict[tuple[str, str], float] = {}
-        for r in getattr(c, "reflectors", None) or ():
-            name = str(
-                getattr(r, "name", "") or getattr(getattr(r, "resource", None), "plural", "")
-            )
-            stats = getattr(r, "stats", None)
-            for attr in series:
-                key = (attr, name)
-                totals[key] = totals.get(key, 0.0) + _number(getattr(stats, attr, 0))
-        for (attr, name), value in totals.items():
-            families[attr].add_metric([name], value)
-        return families.values()
 
-    @staticmethod
-    def _audit(c: Any) -> Iterable[Metric]:
-        findings = GaugeMetricFamily(
-            "ungater_audit_findings",
-            "Open audit findings (over-release, stall, release without admission, order, "
-            "foreign gates) by owner kind and finding.",
-            labels=["kind", "finding"],
-        )
-        tracker = getattr(getattr(c, "auditor", None), "tracker", None)
-        counts = tracker.counts() if tracker is not None else {}
-        for (kind, finding), n in sorted(counts.items()):
-            findings.add_metric([kind, finding], float(n))
-        stood = GaugeMetricFamily(
-            "ungater_stood_down",
-            "1 for a kind that stopped releasing because another writer kept removing its gate.",
-            labels=["kind"],
-        )
-        for kind, rt in (getattr(c, "kinds", None) or {}).items():
-            stood.add_metric([str(kind)], 1.0 if getattr(rt, "stood_down", "") else 0.0)
-        stale = sum(
-            len(getattr(r, "stale", ()))
-            for d in (getattr(c, "decisions", None) or {}).values()
-            for r in getattr(d, "pod_sets", ())
-        )
-        stale_pods = GaugeMetricFamily(
-            "ungater_pods_stale_provisioning_request",
-            "Gated pods bound to a ProvisioningRequest other than the active slice's: they stay "
-            "gated and uncounted.",
-            value=float(stale),
-        )
-        guarded = GaugeMetricFamily(
-            "ungater_gate_guarded",
-            "1 when an admission policy refuses the gate's removal to the other releaser "
-            "(Kueue), 0 when none does, -1 when the policies cannot be read.",
-            labels=["gate"],
-        )
-        states = {"guarded": 1.0, "unguarded": 0.0}
-        status = getattr(getattr(c, "guard", None), "status", None) or {}
-        for gate, st in sorted(status.items()):
-            guarded.add_metric([gate], states.get(getattr(st, "state", ""), -1.0))
-        gated = GaugeMetricFamily(
-            "ungater_gated_pods",
-            "Gated pods of elastic owners by kind, gate and why they wait (capacity, group, "
-            "refused, stale-provisioning-request, pod-set-update-conflict, ownership-unresolved, "
-            "unmapped), from each owner's last decision.",
-            labels=["kind", "gate", "reason"],
-        )
-        counting = getattr(c, "gated_pods", None)
-        for (kind, gate, reason), n in sorted((counting() if counting else {}).items()):
-            gated.add_metric([kind, gate, reason], float(n))
-        return (findings, stood, stale_pods, guarded, gated)
+def _expectations(snap: ControllerSnapshot) -> Iterable[Metric]:
+    return (
+        GaugeMetricFamily(
+            "ungater_pods_release_blocked",
+            "Gated pods whose release the API server refused for good, backing off now.",
+            value=snap.release_blocked,
+        ),
+        GaugeMetricFamily(
+            "ungater_expectations_pending",
+            "Pods patched whose release the cache has not shown yet.",
+            value=snap.expectations_pending,
+        ),
+        CounterMetricFamily(
+            "ungater_expectations_expired",
+            "Expectations that timed out and were settled from the API server.",
+            value=snap.expectations_expired,
+        ),
+    )
 
-    @staticmethod
-    def _caches(c: Any) -> Iterable[Metric]:
-        cached = GaugeMetricFamily(
-            "ungater_cached_objects", "Objects held in the caches.", labels=["kind"]
-        )
-        kinds = getattr(c, "kinds", None) or {}
-        pods = sum(_size(getattr(rt, "pods", ())) for rt in getattr(kinds, "values", list)())
-        cached.add_metric(["workloads"], _size(getattr(c, "workloads", ())))
-        cached.add_metric(["pods"], pods)
-        cached.add_metric(["intermediates"], _size(getattr(c, "objects", ())))
-        ready = getattr(c, "ready", None)
-        is_set = getattr(ready, "is_set", None)
-        synced = bool(is_set()) if callable(is_set) else False
-        return (
-            cached,
-            GaugeMetricFamily(
-                "ungater_caches_synced",
-                "1 once every cache has listed and the workers may start.",
-                value=1.0 if synced else 0.0,
-            ),
-        )
+
+def _watches(snap: ControllerSnapshot) -> Iterable[Metric]:
+    families = {
+        counter: CounterMetricFamily(name, doc, labels=["resource"])
+        for counter, (name, doc) in WATCH_SERIES.items()
+    }
+    for resource, counters in snap.watches.items():
+        for counter, family in families.items():
+            family.add_metric([resource], counters.get(counter, 0))
+    return families.values()
+
+
+def _audit(snap: ControllerSnapshot) -> Iterable[Metric]:
+    findings = GaugeMetricFamily(
+        "ungater_audit_findings",
+        "Open audit findings (over-release, stall, release without admission, order, "
+        "foreign gates) by owner kind and finding.",
+        labels=["kind", "finding"],
+    )
+    for (kind, finding), n in sorted(snap.audit_findings.items()):
+        findings.add_metric([kind, finding], float(n))
+    stood = GaugeMetricFamily(
+        "ungater_stood_down",
+        "1 for a kind that stopped releasing because another writer kept removing its gate.",
+        labels=["kind"],
+    )
+    for kind, down in snap.stood_down.items():
+        stood.add_metric([kind], 1.0 if down else 0.0)
+    stale_pods = GaugeMetricFamily(
+        "ungater_pods_stale_provisioning_request",
+        "Gated pods bound to a ProvisioningRequest other than the active slice's: they stay "
+        "gated and uncounted.",
+        value=float(snap.stale_provisioning_pods),
+    )
+    guarded = GaugeMetricFamily(
+        "ungater_gate_guarded",
+        "1 when an admission policy refuses the gate's removal to the other releaser "
+        "(Kueue), 0 when none does, -1 when the policies cannot be read.",
+        labels=["gate"],
+    )
+    states = {"guarded": 1.0, "unguarded": 0.0}
+    for gate, state in sorted(snap.gate_guard.items()):
+        guarded.add_metric([gate], states.get(state, -1.0))
+    gated = GaugeMetricFamily(
+        "ungater_gated_pods",
+        "Gated pods of elastic owners by kind, gate and why they wait (capacity, group, "
+        "refused, stale-provisioning-request, pod-set-update-conflict, ownership-unresolved, "
+        "unmapped), from each owner's last decision.",
+        labels=["kind", "gate", "reason"],
+    )
+    for (kind, gate, reason), n in sorted(snap.gated_pods.items()):
+        gated.add_metric([kind, gate, reason], float(n))
+    return (findings, stood, stale_pods, guarded, gated)
+
+
+def _caches(snap: ControllerSnapshot) -> Iterable[Metric]:
+    cached = GaugeMetricFamily(
+        "ungater_cached_objects", "Objects held in the caches.", labels=["kind"]
+    )
+    cached.add_metric(["workloads"], snap.cached_workloads)
+    cached.add_metric(["pods"], snap.cached_pods)
+    cached.add_metric(["intermediates"], snap.cached_intermediates)
+    return (
+        cached,
+        GaugeMetricFamily(
+            "ungater_caches_synced",
+            "1 once every cache has listed and the workers may start.",
+            value=1.0 if snap.synced else 0.0,
+        ),
+    )
 
 
 class Metrics:
@@ -312,9 +313,9 @@ class Metrics:
 
     # -- wiring ---------------------------------------------------------------------------------
 
-    def bind(self, controller: Any) -> None:
-        """Export the controller's queue, expectations, reflectors and caches at scrape time."""
-        self.collector.target = controller
+    def bind(self, source: SnapshotSource) -> None:
+        """Export the source's figures (``Controller.metrics_snapshot``) at scrape time."""
+        self.collector.source = source
 
     def bind_leader(self, is_leader: Callable[[], bool]) -> None:
         """Make ``ungater_leader`` read ``is_leader()`` at scrape time

@@ -9,7 +9,7 @@ visible by name, instead of every part reaching into the manager. No I/O here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,13 +20,14 @@ from ungater.auditing import Auditor
 from ungater.blocked import BlockedReleases
 from ungater.cache import OwnerKey, PodIndex, WorkloadIndex, ancestors
 from ungater.config import Config
-from ungater.decision import Decision, active_slice, order_slices
+from ungater.decision import Decision, active_slice, gated_by_reason, order_slices
 from ungater.events import EventRecorder, InvolvedObject
 from ungater.expectations import Expectations
 from ungater.guard import GateGuard
 from ungater.kube import KubeClient
-from ungater.metrics import Metrics
+from ungater.metrics import WATCH_SERIES, ControllerSnapshot, Metrics
 from ungater.model import Kind, ObjectView
+from ungater.reflector import ReflectorStats
 from ungater.registry import KindHandler, PluginError
 from ungater.releasable import ReleasableClock
 from ungater.standdown import StandDown
@@ -190,3 +191,48 @@ class State:
     def forget_owner(self, view: OwnerFacts) -> None:
         self.owner_facts.pop(view.uid, None)
         self.owner_rv.pop(view.uid, None)
+
+    # -- figures ---------------------------------------------------------------------------------
+
+    def gated_pods(self) -> dict[tuple[str, str, str], int]:
+        """Gated pods by (kind, gate, why they wait), from each owner's last decision."""
+        out: dict[tuple[str, str, str], int] = {}
+        for key, decision in list(self.decisions.items()):
+            rt = self.kind_of(key)
+            if rt is None:
+                continue
+            for reason, n in gated_by_reason(decision).items():
+                label = (str(rt.kind), rt.gate, reason)
+                out[label] = out.get(label, 0) + n
+        return out
+
+    def snapshot(
+        self, watches: Iterable[tuple[str, ReflectorStats]], synced: bool
+    ) -> ControllerSnapshot:
+        """The figures ``ungater.metrics`` exports at scrape time; ``watches``: each reflector's
+        name and counters (summed per name)."""
+        totals: dict[str, dict[str, int]] = {}
+        for name, stats in watches:
+            counters = totals.setdefault(name, {})
+            for counter in WATCH_SERIES:
+                counters[counter] = counters.get(counter, 0) + getattr(stats, counter)
+        return ControllerSnapshot(
+            queue_depth=self.queue.depth,
+            queue_adds=self.queue.adds,
+            queue_retries=self.queue.retries,
+            expectations_pending=len(self.expectations),
+            expectations_expired=self.expectations.expired_total,
+            release_blocked=len(self.blocked),
+            watches=totals,
+            cached_workloads=len(self.workloads),
+            cached_pods=sum(len(rt.pods) for rt in self.kinds.values()),
+            cached_intermediates=len(self.objects),
+            synced=synced,
+            audit_findings=self.auditor.tracker.counts(),
+            stood_down={str(kind): bool(rt.stood_down) for kind, rt in self.kinds.items()},
+            stale_provisioning_pods=sum(
+                len(r.stale) for d in list(self.decisions.values()) for r in d.pod_sets
+            ),
+            gate_guard={gate: st.state for gate, st in self.guard.status.items()},
+            gated_pods=self.gated_pods(),
+        )

@@ -17,7 +17,7 @@ from ungater.guard import (
     check_guards,
 )
 from ungater.kube import ApiError
-from ungater.metrics import Metrics
+from ungater.metrics import ControllerSnapshot, Metrics
 
 GATE = "kueue.x-k8s.io/elastic-job"
 OTHER = "example.com/gate"
@@ -69,10 +69,9 @@ async def test_unreadable_policies_make_the_verdict_unknown_and_the_metric_minus
     assert st.state == "unknown" and "forbidden" in st.line
     metrics = Metrics()
 
-    class Target:
-        pass
+    class Target:  # the controller's snapshot takes the guard's states as they are
+        def metrics_snapshot(self) -> ControllerSnapshot:
+            return ControllerSnapshot(gate_guard={g: st.state for g, st in guard.status.items()})
 
-    target = Target()
-    target.guard = guard  # type: ignore[attr-defined]
-    metrics.bind(target)
+    metrics.bind(Target())
     assert f'ungater_gate_guarded{{gate="{GATE}"}} -1.0' in metrics.render().decode()

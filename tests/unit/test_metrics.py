@@ -1,20 +1,21 @@
 """Prometheus metrics: names in the exposition, counters moving, and the scrape-time collector
-reading a controller-like object (and surviving one that is half built or broken)."""
+reading the controller's snapshot (and surviving none, or one that fails)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import replace
 from datetime import UTC, datetime
-from types import SimpleNamespace
-from typing import Any
 
-import anyio
 import pytest
+import ungater_plugins.job as job_plugin
 from prometheus_client.parser import text_string_to_metric_families
 
-from ungater.metrics import CONTENT_TYPE, Metrics, seconds_since
-from ungater.reflector import ReflectorStats
-from ungater.workqueue import WorkQueue
+from tests.fakekube import FakeKube
+from ungater.cache import OwnerKey
+from ungater.config import Config
+from ungater.controller import Controller
+from ungater.metrics import CONTENT_TYPE, ControllerSnapshot, Metrics, seconds_since
+from ungater.registry import PluginRegistry
 
 NAMES = [
     "ungater_pods_released_total",
@@ -112,42 +113,39 @@ def test_leader_gauge_reads_the_elector() -> None:
     assert value(m, "ungater_leader") == 1
 
 
-class Pending:
-    def __init__(self, n: int, expired_total: int) -> None:
-        self.n = n
-        self.expired_total = expired_total
+class Source:
+    """A ``SnapshotSource`` whose figures the test moves between scrapes."""
 
-    def __len__(self) -> int:
-        return self.n
+    def __init__(self, snap: ControllerSnapshot) -> None:
+        self.snap = snap
 
-
-@dataclass
-class FakeReflector:
-    name: str
-    stats: ReflectorStats = field(default_factory=ReflectorStats)
+    def metrics_snapshot(self) -> ControllerSnapshot:
+        return self.snap
 
 
-@pytest.mark.anyio
-async def test_collector_reflects_a_controller_like_object() -> None:
-    queue: WorkQueue[str] = WorkQueue()
-    for key in ("a", "b", "a", "c"):
-        queue.add(key)
-    queue.add_rate_limited("d")
-    r1, r2 = FakeReflector("workloads.kueue.x-k8s.io@*"), FakeReflector("pods.core@*")
-    r1.stats.watch_restarts, r1.stats.relists_gone, r1.stats.silent_restarts = 3, 1, 2
-    r2.stats.watch_restarts, r2.stats.events = 5, 40
-    ready = anyio.Event()
-    ctl = SimpleNamespace(
-        queue=queue,
-        expectations=Pending(4, expired_total=7),
-        reflectors=[r1, r2],
-        kinds={"job": SimpleNamespace(pods=[1, 2, 3]), "ray": SimpleNamespace(pods=[4])},
-        workloads=[1, 2],
-        objects={"x": 1},
-        ready=ready,
+def test_collector_reads_the_snapshot_at_scrape_time() -> None:
+    watches = {
+        "workloads.kueue.x-k8s.io@*": {"watch_restarts": 3, "relists_gone": 1},
+        "pods.core@*": {"watch_restarts": 5, "events": 40},
+    }
+    source = Source(
+        ControllerSnapshot(
+            queue_depth=3,
+            queue_adds=3,
+            queue_retries=1,
+            expectations_pending=4,
+            expectations_expired=7,
+            watches=watches,
+            cached_workloads=2,
+            cached_pods=4,
+            cached_intermediates=1,
+            stood_down={"Job.batch": True},
+            gate_guard={"g": "unknown"},
+            gated_pods={("Job.batch", "g", "capacity"): 2},
+        )
     )
     m = Metrics()
-    m.bind(ctl)
+    m.bind(source)
     assert value(m, "workqueue_depth", name="ungater") == 3
     assert value(m, "workqueue_adds_total", name="ungater") == 3
     assert value(m, "workqueue_retries_total", name="ungater") == 1
@@ -161,35 +159,46 @@ async def test_collector_reflects_a_controller_like_object() -> None:
     assert value(m, "ungater_cached_objects", kind="workloads") == 2
     assert value(m, "ungater_cached_objects", kind="pods") == 4
     assert value(m, "ungater_cached_objects", kind="intermediates") == 1
+    assert value(m, "ungater_stood_down", kind="Job.batch") == 1
+    assert value(m, "ungater_gate_guarded", gate="g") == -1  # the policies could not be read
+    assert value(m, "ungater_gated_pods", kind="Job.batch", gate="g", reason="capacity") == 2
     assert value(m, "ungater_caches_synced") == 0
-    ready.set()
-    queue.add("e")
-    r1.stats.watch_restarts += 1
+    source.snap = replace(source.snap, synced=True, queue_depth=4)
     assert value(m, "ungater_caches_synced") == 1  # read at scrape time, not at bind time
     assert value(m, "workqueue_depth", name="ungater") == 4
-    assert value(m, "ungater_watch_restarts_total", resource="workloads.kueue.x-k8s.io@*") == 4
 
 
-class Exploding:
-    @property
-    def queue(self) -> Any:
-        raise RuntimeError("not built yet")
-
-    reflectors = None
-    kinds = None
+class Failing:
+    def metrics_snapshot(self) -> ControllerSnapshot:
+        raise RuntimeError("a bug")
 
 
-def test_collector_survives_half_built_and_broken_controllers() -> None:
-    for target in (None, object(), SimpleNamespace(queue=None), Exploding()):
-        m = Metrics()
-        m.bind(target)
-        got = samples(m)
-        assert got[("ungater_caches_synced", ())] == 0
-        assert got[("ungater_cached_objects", (("kind", "pods"),))] == 0
+def test_collector_unbound_reports_an_idle_controller_and_survives_a_failing_one() -> None:
     m = Metrics()
-    m.bind(Exploding())
-    assert ("workqueue_depth", (("name", "ungater"),)) not in samples(m)  # that part is skipped
-    assert ("ungater_expectations_pending", ()) in samples(m)  # the rest is still there
+    got = samples(m)
+    assert got[("ungater_caches_synced", ())] == 0
+    assert got[("ungater_cached_objects", (("kind", "pods"),))] == 0
+    m.bind(Failing())
+    got = samples(m)
+    assert ("ungater_caches_synced", ()) not in got  # the controller's series are skipped
+    assert ("ungater_patches_total", (("outcome", "error"),)) in got  # the rest is still there
+
+
+@pytest.mark.anyio
+async def test_a_controller_snapshot_reads_its_parts() -> None:
+    ctl = Controller(
+        Config.model_validate({"kinds": [{"group": "batch", "kind": "Job"}]}),
+        FakeKube(),
+        PluginRegistry.from_modules({"job": job_plugin}),
+    )
+    ctl.queue.add(OwnerKey("ns", "u1"))
+    ctl.expectations.expect(OwnerKey("ns", "u1"), ["p1", "p2"])
+    await ctl.start()
+    snap = ctl.metrics_snapshot()
+    assert (snap.queue_depth, snap.queue_adds, snap.expectations_pending) == (1, 1, 2)
+    assert not snap.synced and snap.stood_down == {"Job.batch": False}
+    assert set(snap.watches) == {r.name for r in ctl.reflectors}
+    assert all(counters["lists"] == 0 for counters in snap.watches.values())
 
 
 def test_render_for_negotiates_openmetrics() -> None:
