@@ -59,5 +59,13 @@ demo-notice:
 bench: control-plane
 	$(BIN)/python -m bench run
 
+# Mutation testing (docs/testing.md): slow (hours for every module on 2 cores), never run by CI.
+# Scope it with MUTANTS, a mutmut name pattern: make mutation MUTANTS='ungater.expectations*'
+MUTANTS ?=
+mutation: $(STAMP)
+	$(BIN)/pip install -q -e '.[mutation]'
+	$(BIN)/mutmut run --max-children 2 $(MUTANTS)
+	$(BIN)/mutmut results
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info mutants
