@@ -67,10 +67,8 @@ class Controller:
         self.reconciler = Reconciler(s, self.notices, Patcher(s, self.notices))
         # the shared objects, under the names the app, the CLI and the tests use
         self.kinds, self.workloads, self.objects = s.kinds, s.workloads, s.objects
-        self.owner_facts, self.decisions = s.owner_facts, s.decisions
         self.queue, self.expectations, self.blocked = s.queue, s.expectations, s.blocked
-        self.auditor, self.stand_down, self.guard = s.auditor, s.stand_down, s.guard
-        self.releasable = s.releasable
+        self.decisions, self.auditor, self.guard = s.decisions, s.auditor, s.guard
         self.reflectors: list[Reflector[Any]] = []
         self.ready = anyio.Event()
         self._busy = 0

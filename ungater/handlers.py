@@ -34,6 +34,7 @@ KUEUE_GROUP = "kueue.x-k8s.io"
 
 
 def workload_resource(version: str) -> Resource:
+    """Kueue's Workloads at one served version (``ungater.controller`` re-exports it)."""
     return Resource(KUEUE_GROUP, version, "workloads", "Workload")
 
 

@@ -21,7 +21,7 @@ from ungater.kube import PODS, Resource
 from ungater.metrics import seconds_since
 from ungater.model import ADMITTED, MalformedObject, ObjectRef, WorkloadView, parse_pod
 from ungater.notices import Notices
-from ungater.patcher import BLOCKED, CONFLICT, DELETING, GONE, SKIPPED, Patcher
+from ungater.patcher import BLOCKED, CONFLICT, DELETING, ERROR, GONE, SKIPPED, Patcher
 from ungater.patcher import RELEASED as PATCH_RELEASED
 from ungater.state import KindRuntime, State, resource_version_number
 
@@ -202,7 +202,7 @@ class Reconciler:
         waits: list[float] = []  # since each released pod became releasable
         refused: list[Release] = []
         for r in releases:
-            outcome = outcomes.get(r.pod.uid, "error")
+            outcome = outcomes.get(r.pod.uid, ERROR)
             if outcome == PATCH_RELEASED:
                 s.stats.released += 1
                 s.blocked.clear(r.pod.uid)
