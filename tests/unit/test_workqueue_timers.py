@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import anyio
 import pytest
 
@@ -36,3 +38,16 @@ async def test_an_earlier_delay_replaces_a_later_timer() -> None:
     q.done("k")
     await anyio.sleep(0.4)
     assert len(q) == 0 and q.adds == 1
+
+
+@pytest.mark.anyio
+async def test_the_default_backoff_starts_at_50_ms_and_is_capped_at_a_minute() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    loop = asyncio.get_running_loop()
+    q.add_rate_limited("first")
+    assert 0.04 < q._timers["first"].when() - loop.time() <= 0.05
+    q._failures["k"] = 40  # a key failing for long
+    q.add_rate_limited("k")
+    delay = q._timers["k"].when() - loop.time()
+    assert 59.5 < delay <= 60.0
+    q.shut_down()
