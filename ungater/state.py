@@ -25,11 +25,12 @@ from ungater.events import EventRecorder, InvolvedObject
 from ungater.expectations import Expectations
 from ungater.guard import GateGuard
 from ungater.kube import KubeClient
-from ungater.metrics import WATCH_SERIES, ControllerSnapshot, Metrics
+from ungater.metrics import Metrics
 from ungater.model import Kind, ObjectView
 from ungater.reflector import ReflectorStats
 from ungater.registry import KindHandler, PluginError
 from ungater.releasable import ReleasableClock
+from ungater.snapshot import WATCH_SERIES, ControllerSnapshot
 from ungater.standdown import StandDown
 from ungater.workqueue import WorkQueue
 
