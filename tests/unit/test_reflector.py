@@ -118,7 +118,8 @@ def test_apply_each_event_type_and_count_only_real_events() -> None:
     r.apply({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "5"}}})
     assert r.resource_version == "5" and r.stats.events == 2
     r.apply({"type": "MODIFIED", "object": obj("a", 6, bad=True)})  # malformed: dropped
-    assert r.store == {} and r.stats.malformed == 1 and r.stats.events == 3
+    r.apply({"type": "ADDED", "object": obj("z", 6, bad=True)})
+    assert r.store == {} and r.stats.malformed == 2 and r.stats.events == 4
     r.apply({"type": "ADDED", "object": obj("b", 7)})
     r.apply({"type": "MODIFIED", "object": obj("b", 8, "ignored")})  # parse says: not ours
     r.apply({"type": "ADDED", "object": obj("c", 9)})
@@ -134,7 +135,7 @@ def test_apply_each_event_type_and_count_only_real_events() -> None:
         (None, "v"),
         ("v", None),
     ]
-    assert r.store == {} and r.resource_version == "12" and r.stats.events == 8
+    assert r.store == {} and r.resource_version == "12" and r.stats.events == 9
 
 
 @pytest.mark.anyio
@@ -147,18 +148,22 @@ async def test_run_resumes_restarts_backs_off_and_relists_on_gone(
         sleeps.append(delay)
 
     monkeypatch.setattr(reflector_module.anyio, "sleep", sleep)
-    monkeypatch.setattr(reflector_module.random, "random", lambda: 1.0)  # jitter at its top
+    monkeypatch.setattr(
+        reflector_module.random, "random", lambda: 0.0
+    )  # jitter at its bottom: half
     ev = {"type": "ADDED", "object": obj("b", 11)}
     script = Script(
-        [([obj("a", 1)], "10"), ([obj("c", 30)], "30")],
+        [([obj("a", 1)], "10"), ([obj("c", 30)], "30"), ([obj("e", 40)], "40")],
         [
             ([ev], None),  # the server closes the stream: watch again, at once, from rv 11
             ([], ConnectionResetError("cut")),  # restart with backoff 0.5
             ([], TimeoutError()),  # silent: restart with backoff 1.0
-            ([], OSError("refused")),  # backoff 1.5 (capped)
+            ([], TimeoutError()),  # again: 1.5 (capped)
+            ([], OSError("refused")),  # still capped
             ([], RuntimeError("aiohttp")),  # still capped
             ([{"type": "ADDED", "object": obj("d", 12)}], ConnectionResetError()),  # reset
             ([], GoneError()),  # relist at once, then watch from the list's rv
+            ([], GoneError()),  # and again
         ],
     )
     changes: list[tuple[Any, Any]] = []
@@ -169,9 +174,18 @@ async def test_run_resumes_restarts_backs_off_and_relists_on_gone(
             await script.done.wait()
         tg.cancel_scope.cancel()
     rvs = [c[1] for c in script.watch_calls]
-    assert rvs == ["10", "11", "11", "11", "11", "11", "12", "30"]
+    assert rvs == ["10", "11", "11", "11", "11", "11", "11", "12", "30", "40"]
     assert {c[0] for c in script.watch_calls} == {"ns"}
     assert {c[2:] for c in script.watch_calls} == {("a=b", 42, 7.5)}
-    assert sleeps == [0.5, 1.0, 1.5, 1.5, 0.5]
-    assert (r.stats.watch_restarts, r.stats.silent_restarts, r.stats.relists_gone) == (5, 1, 1)
-    assert r.stats.lists == 2 and r.store == {"c": "v"}
+    assert sleeps == [0.25, 0.5, 0.75, 0.75, 0.75, 0.25]
+    assert (r.stats.watch_restarts, r.stats.silent_restarts, r.stats.relists_gone) == (6, 2, 2)
+    assert r.stats.lists == 3 and r.store == {"e": "v"}
+
+
+def test_replace_makes_the_store_exactly_the_items() -> None:
+    changes: list[tuple[Any, Any]] = []
+    r = make(Script([], []), changes)
+    r.replace([obj("a", 1), obj("b", 2)])
+    r.replace([obj("b", 3, "w"), obj("c", 4, bad=True)])
+    assert r.store == {"b": "w"}
+    assert changes == [(None, "v"), (None, "v"), ("v", None), ("v", "w")]
