@@ -39,6 +39,10 @@ class WorkloadIndex:
         self._by_owner: dict[str, set[str]] = defaultdict(set)
 
     def on_change(self, old: WorkloadView | None, new: WorkloadView | None) -> None:
+        """Apply a watch event; an update older than the view held (a fresh read got ahead of
+        the watch) is ignored, so a quorum read is never undone by a late event."""
+        if new is not None and _older(new, self.by_uid.get(new.uid)):
+            return
         if old is not None:
             self.by_uid.pop(old.uid, None)
             if old.owner is not None:
@@ -154,3 +158,12 @@ def ancestors(pod_controller: ObjectRef | None, objects: Mapping[str, ObjectView
         obj = objects.get(ref.uid)
         ref = obj.controller if obj is not None else None
     return out
+
+
+def _older(view: WorkloadView, held: WorkloadView | None) -> bool:
+    if held is None:
+        return False
+    try:
+        return int(view.resource_version) < int(held.resource_version)
+    except ValueError:  # not an etcd integer: no order known, take the event
+        return False

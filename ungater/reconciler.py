@@ -19,7 +19,14 @@ from ungater.decision import Decision, PodFacts, Release, active_slice, decide
 from ungater.events import NORMAL, RELEASED, InvolvedObject, released_message
 from ungater.kube import PODS, Resource
 from ungater.metrics import seconds_since
-from ungater.model import ADMITTED, MalformedObject, ObjectRef, WorkloadView, parse_pod
+from ungater.model import (
+    ADMITTED,
+    MalformedObject,
+    ObjectRef,
+    WorkloadView,
+    parse_pod,
+    parse_workload,
+)
 from ungater.notices import Notices
 from ungater.patcher import BLOCKED, CONFLICT, DELETING, ERROR, GONE, SKIPPED, Patcher
 from ungater.patcher import RELEASED as PATCH_RELEASED
@@ -69,6 +76,13 @@ class Reconciler:
             # a released pod ended after our last view of the owner: the owner may have shrunk
             # first (scale-down), so refill nothing until a fresh read says how big it is now
             if not await self._refresh_owner(rt, key.namespace, owner):
+                return None
+            decision = self._decide(key, rt, owner, slices)
+        if decision.releases and self._slice_may_be_stale(key, slices):
+            # the same for the slice: Kueue lowers a shrunk owner's slice in place after its
+            # pods went; an owner grown back meanwhile must not refill under the old count
+            slices = await self._refresh_slice(key, slices)
+            if not slices:
                 return None
             decision = self._decide(key, rt, owner, slices)
         self.notices.stuck(key, decision)
@@ -134,6 +148,28 @@ class Reconciler:
         if freed is None or rt.handler.spec.owner_resource is None:
             return False
         return self.s.owner_rv.get(owner.uid, -1) < freed
+
+    def _slice_may_be_stale(self, key: OwnerKey, slices: list[WorkloadView]) -> bool:
+        freed = self.s.freed_rv.get(key)
+        active = active_slice(slices)
+        if freed is None or active is None:
+            return False
+        rv = resource_version_number(active.resource_version)
+        return rv is None or rv < freed
+
+    async def _refresh_slice(self, key: OwnerKey, slices: list[WorkloadView]) -> list[WorkloadView]:
+        """Read the active slice from the API server (a quorum read) into the Workload cache;
+        the owner's slices as they are now (none when it cannot be read as one of ours)."""
+        active = active_slice(slices)
+        assert active is not None
+        res = Resource("kueue.x-k8s.io", self.s.workload_version, "workloads", "Workload")
+        obj = await self.s.client.get(res, active.namespace, active.name)
+        fresh = parse_workload(obj) if obj is not None else None
+        if fresh is None or fresh.uid != active.uid:
+            self.s.workloads.on_change(active, None)  # gone, or another object now
+            return []
+        self.s.workloads.on_change(active, fresh)
+        return self.s.workloads.for_owner(key.uid)
 
     async def _refresh_owner(self, rt: KindRuntime, namespace: str, owner: ObjectRef) -> bool:
         """Read the owner from the API server (a quorum read) into the owner facts.

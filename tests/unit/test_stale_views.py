@@ -225,11 +225,6 @@ async def test_a_refused_patch_backs_off_and_counts_one_foreign_release() -> Non
         held.set()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap (docs/testing.md): a Workload view older than Kueue's in-place lowering, "
-    "with the owner grown back, releases up to the stale slice count",
-)
 @pytest.mark.anyio
 async def test_an_owner_grown_back_before_the_lowered_slice_is_seen_waits() -> None:
     """The Job shrinks 4 -> 1, its released pods go, Kueue lowers the slice to 1 in place, and
