@@ -1,11 +1,14 @@
-"""ungater as the only releaser of Kueue's own gate beside the real Kueue v0.17.0, made so by
-the shipped admission policy (deploy/manifests/optional/admission-policy.yaml): Kueue's own
-release patches are refused, everything else Kueue does keeps working, and ungater releases
-exactly what Kueue admitted, lowest completion index first, never more (checked at every event
-in resourceVersion order)."""
+"""ungater beside the real Kueue v0.17.0 on Kueue's own gate.
+
+With the shipped admission policy (deploy/manifests/optional/admission-policy.yaml) ungater is
+the only releaser: Kueue's own release patches are refused, everything else Kueue does keeps
+working, and ungater releases exactly what Kueue admitted, lowest completion index first, never
+more (checked at every event in resourceVersion order). Without it, ungater sees Kueue remove
+the gate and stands down to audit."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -146,3 +149,58 @@ async def test_ungater_releases_kueues_gate_alone_under_the_policy(
 
 async def _released_count(kube: Kube, ns: str, job: dict[str, Any], n: int) -> bool:
     return len(await released(kube, ns, job)) == n
+
+
+class SlowPatches:
+    """Wraps the controller's client: every release patch waits, so the real Kueue, releasing
+    its own gate from every pod of the admitted slice, gets there first."""
+
+    def __init__(self, client: Any, delay: float) -> None:
+        self._client, self._delay = client, delay
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def json_patch(self, res: Any, ns: str, name: str, ops: Any) -> Any:
+        await anyio.sleep(self._delay)
+        return await self._client.json_patch(res, ns, name, ops)
+
+
+@pytest.mark.kueue_quota(cpu=4)
+async def test_beside_the_real_kueue_without_the_policy_ungater_stands_down(
+    kueue_cluster: Any, kueue_kube: Kube, kueue_namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No policy: Kueue v0.17.0 removes its own gate from every admitted pod. ungater, set to
+    release that same gate, sees its gate removed by another writer, stands down for Job
+    (audit only), says so, and patches nothing more while Kueue goes on releasing."""
+    ns = kueue_namespace
+    config = config_for(
+        ns,
+        kinds=[{"group": "batch", "kind": "Job"}],
+        standDown={"foreignReleases": 2, "windowSeconds": 120},
+    )
+    async with running_controller(
+        kueue_cluster.kubeconfig_path, config, lambda c: SlowPatches(c, 1.5)
+    ) as ctl:
+        await eventually(lambda: ctl.guard.status.get(KUEUE_GATE) is not None, timeout=30)
+        assert ctl.guard.status[KUEUE_GATE].state != "guarded"
+        job = await kueue_kube.create(JOBS, ns, elastic_job("train", 3))
+        await eventually(
+            lambda: _released_count(kueue_kube, ns, job, 3), timeout=60, what="Kueue releases 3"
+        )
+        [rt] = ctl.kinds.values()
+        await eventually(lambda: bool(rt.stood_down), timeout=30, what="stood down")
+        assert rt.mode == "audit"
+        assert ctl.stats.foreign_releases >= 2
+        patched = ctl.stats.released
+        # Kueue keeps releasing on its own; ungater only watches now
+        await scale(kueue_kube, ns, 4)
+        await eventually(
+            lambda: _released_count(kueue_kube, ns, job, 4), timeout=60, what="Kueue releases 4"
+        )
+        await anyio.sleep(2.0)
+        assert ctl.stats.released == patched, "a stood-down kind patches nothing"
+        assert any("stood down" in line.lower() for line in ctl.status_lines()), ctl.status_lines()
+    # loudly: an error line naming the gate, the kind and the other writer's pods
+    loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any(m.startswith("standing down: another writer removed gate") for m in loud), loud
