@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Any
 
 from ungater.decision import (
     Decision,
@@ -213,15 +214,19 @@ def audit_owner(
     for name, cap in caps.items():
         members = sorted(by_set[name], key=_order)
         released = [f for f in members if _live_released(f, gate)]
-        if len(released) > cap.cap:
-            extra = [f.pod.name for f in released[cap.cap :]]
+        # judged against what the slice admits, not the owner's own size: an owner that shrank
+        # keeps its released pods until its controller deletes them (KubeRay takes seconds),
+        # which is a scale-down under way, not a release beyond admission
+        limit = _admitted_limit(cap)
+        if len(released) > limit:
+            extra = [f.pod.name for f in released[limit:]]
             add(
                 OVER_RELEASE,
                 name,
                 [f.pod.name for f in released],
-                f"{len(released)} live released pod(s) in pod set {name} for a cap of {cap.cap} "
-                f"(spec {cap.spec}, admitted {cap.admitted}, owner {cap.desired}) of slice "
-                f"{active.name}; beyond the cap in order: {_names(extra)}",
+                f"{len(released)} live released pod(s) in pod set {name} for a cap of {limit} "
+                f"(spec {cap.spec}, admitted {cap.admitted}) of slice {active.name}; beyond the "
+                f"cap in order: {_names(extra)}",
             )
         stalled: list[tuple[str, float]] = []
         for f in members:
@@ -355,3 +360,9 @@ class FindingTracker:
         for f in self.findings():
             out[(f.kind, f.finding)] = out.get((f.kind, f.finding), 0) + 1
         return out
+
+
+def _admitted_limit(cap: Any) -> int:
+    """The pod set's count under the slice alone: min(spec count, admitted count)."""
+    counts = [c for c in (cap.spec, cap.admitted) if c is not None]
+    return min(counts) if counts else int(cap.cap)

@@ -74,9 +74,11 @@ def test_over_release_names_the_pods_beyond_the_cap_in_order() -> None:
     assert "3 live released pod(s)" in f.message and "cap of 2" in f.message
     assert "beyond the cap in order: p2" in f.message
     assert f.owner == "Job ns/job" and f.severity == "warning"
-    # at the cap, or the owner's smaller size counted: nothing, or an over-release again
+    # at the cap: nothing; an owner that shrank below its released pods is a scale-down its
+    # controller is carrying out (KubeRay deletes them seconds later), not a release beyond
+    # admission: nothing either (found beside the real KubeRay, tests/integration/test_real_audit)
     assert OVER_RELEASE not in run(slices, pods[1:])
-    assert OVER_RELEASE in run(slices, pods[1:], desired={"main": 1})
+    assert OVER_RELEASE not in run(slices, pods[1:], desired={"main": 1})
 
 
 def test_stall_is_dated_from_creation_or_admission_unless_watched() -> None:
