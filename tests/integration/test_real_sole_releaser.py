@@ -146,6 +146,21 @@ async def scale(kube: Kube, ns: str, n: int) -> None:
     await kube.merge_patch(JOBS, ns, "train", {"spec": {"parallelism": n, "completions": n}})
 
 
+class SlowPatches:
+    """Wraps the controller's client: every release patch waits, so the real Kueue, releasing
+    its own gate from every pod of the admitted slice, gets there first."""
+
+    def __init__(self, client: Any, delay: float) -> None:
+        self._client, self._delay = client, delay
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def json_patch(self, res: Any, ns: str, name: str, ops: Any) -> Any:
+        await anyio.sleep(self._delay)
+        return await self._client.json_patch(res, ns, name, ops)
+
+
 @pytest.mark.kueue_quota(cpu=4)
 async def test_ungater_releases_kueues_gate_alone_under_the_policy(
     kueue_cluster: Any, kueue_kube: Kube, kueue_namespace: str, guarded: None
@@ -153,7 +168,11 @@ async def test_ungater_releases_kueues_gate_alone_under_the_policy(
     ns = kueue_namespace
     config = config_for(ns, kinds=[{"group": "batch", "kind": "Job"}])
     assert config.gate == KUEUE_GATE
-    async with running_controller(kueue_cluster.kubeconfig_path, config) as ctl:
+    # ungater's patches wait a second, so Kueue always tries first (without the policy it
+    # then wins: see the stand-down test below) and must be refused every time
+    async with running_controller(
+        kueue_cluster.kubeconfig_path, config, lambda c: SlowPatches(c, 1.0)
+    ) as ctl:
         await eventually(lambda: ctl.guard.status.get(KUEUE_GATE) is not None, timeout=30)
         assert ctl.guard.status[KUEUE_GATE].state == "guarded"
         job = await kueue_kube.create(JOBS, ns, elastic_job("train", 2))
@@ -195,21 +214,6 @@ async def test_ungater_releases_kueues_gate_alone_under_the_policy(
 
 async def _released_count(kube: Kube, ns: str, job: dict[str, Any], n: int) -> bool:
     return len(await released(kube, ns, job)) == n
-
-
-class SlowPatches:
-    """Wraps the controller's client: every release patch waits, so the real Kueue, releasing
-    its own gate from every pod of the admitted slice, gets there first."""
-
-    def __init__(self, client: Any, delay: float) -> None:
-        self._client, self._delay = client, delay
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-    async def json_patch(self, res: Any, ns: str, name: str, ops: Any) -> Any:
-        await anyio.sleep(self._delay)
-        return await self._client.json_patch(res, ns, name, ops)
 
 
 @pytest.mark.kueue_quota(cpu=4)
