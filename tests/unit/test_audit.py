@@ -16,6 +16,7 @@ from tests.fakekube import FakeKube
 from tests.objects import JOBS, PODS, WORKLOADS, job_pod, workload
 from tests.polling import eventually, holds_for
 from tests.unit.builders import GATE, condition, facts, wl_view
+from tests.unit.harness import observed_controller
 from ungater.audit import (
     FOREIGN_GATES,
     OUT_OF_ORDER,
@@ -29,9 +30,7 @@ from ungater.audit import (
 from ungater.config import Config
 from ungater.controller import Controller
 from ungater.decision import Ownership, PodFacts
-from ungater.events import EventRecorder
 from ungater.kube import EVENTS
-from ungater.metrics import Metrics
 from ungater.model import ObjectRef, WorkloadView
 from ungater.registry import PluginRegistry
 
@@ -197,22 +196,8 @@ async def auditing(fake: FakeKube, **overrides: Any) -> AsyncIterator[Controller
         "watch": {"backoffInitialSeconds": 0.01, "backoffMaxSeconds": 0.05},
     }
     raw.update(overrides)
-    metrics = Metrics()
-    events = EventRecorder(fake, host="test")
-    registry = PluginRegistry.from_modules({"job": job_plugin})
-    ctl = Controller(Config.model_validate(raw), fake, registry, metrics=metrics, events=events)
-    metrics.bind(ctl)
-    stop = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(events.run)
-        tg.start_soon(ctl.run, stop)
-        with anyio.fail_after(5):
-            await ctl.ready.wait()
-        try:
-            yield ctl
-        finally:
-            stop.set()
-            await events.close(1.0)
+    async with observed_controller(fake, Config.model_validate(raw)) as ctl:
+        yield ctl
 
 
 def setup_job(fake: FakeKube, n: int, released_ix: set[int]) -> dict[str, Any]:

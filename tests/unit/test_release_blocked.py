@@ -11,9 +11,7 @@ from contextlib import asynccontextmanager
 from dataclasses import replace as _replace
 from typing import Any
 
-import anyio
 import pytest
-import ungater_plugins.job as job_plugin
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +20,7 @@ from tests.objects import GATE, JOBS, PODS, WORKLOADS, job_pod, ungated, workloa
 from tests.polling import eventually, holds_for
 from tests.unit.builders import facts, wl_view
 from tests.unit.builders import workload as raw_workload
+from tests.unit.harness import observed_controller
 from ungater.blocked import (
     BLOCKED,
     CONFLICT,
@@ -34,11 +33,8 @@ from ungater.blocked import (
 from ungater.config import Config
 from ungater.controller import Controller
 from ungater.decision import CONSUME_PROVISIONING_REQUEST, decide
-from ungater.events import EventRecorder
 from ungater.kube import EVENTS, ApiError
-from ungater.metrics import Metrics
 from ungater.model import parse_workload
-from ungater.registry import PluginRegistry
 
 NS = "team-a"
 
@@ -161,22 +157,8 @@ def make_config() -> Config:
 
 @asynccontextmanager
 async def running(fake: FakeKube) -> AsyncIterator[Controller]:
-    registry = PluginRegistry.from_modules({"job": job_plugin})
-    metrics = Metrics()
-    events = EventRecorder(fake, host="test")
-    ctl = Controller(make_config(), fake, registry, metrics=metrics, events=events)
-    metrics.bind(ctl)
-    stop = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(events.run)
-        tg.start_soon(ctl.run, stop)
-        with anyio.fail_after(5):
-            await ctl.ready.wait()
-        try:
-            yield ctl
-        finally:
-            stop.set()
-            await events.close(1.0)
+    async with observed_controller(fake, make_config()) as ctl:
+        yield ctl
 
 
 def setup_job(fake: FakeKube, n: int, name: str) -> dict[str, Any]:

@@ -8,16 +8,15 @@ from contextlib import asynccontextmanager
 
 import anyio
 import pytest
-import ungater_plugins.job as job_plugin
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakekube import FakeKube
 from tests.objects import GATE, PODS, WORKLOADS, job_pod, with_phase, workload
 from tests.polling import eventually
+from tests.unit.harness import observed_controller
 from tests.unit.test_controller import NS, make_config, released_indexes, setup_job
 from ungater.controller import Controller
 from ungater.metrics import Metrics
-from ungater.registry import PluginRegistry
 from ungater.releasable import ReleasableClock
 
 
@@ -57,20 +56,9 @@ def test_the_wait_starts_at_the_later_of_arrival_and_room() -> None:
 
 @asynccontextmanager
 async def running(fake: FakeKube) -> AsyncIterator[tuple[Controller, Metrics]]:
-    metrics = Metrics()
-    ctl = Controller(
-        make_config(), fake, PluginRegistry.from_modules({"job": job_plugin}), metrics=metrics
-    )
-    metrics.bind(ctl)
-    stop = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(ctl.run, stop)
-        with anyio.fail_after(5):
-            await ctl.ready.wait()
-        try:
-            yield ctl, metrics
-        finally:
-            stop.set()
+    async with observed_controller(fake, make_config()) as ctl:
+        assert ctl.metrics is not None
+        yield ctl, ctl.metrics
 
 
 def samples(metrics: Metrics, name: str) -> dict[tuple[tuple[str, str], ...], float]:

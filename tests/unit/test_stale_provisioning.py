@@ -9,24 +9,20 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
 
-import anyio
 import pytest
-import ungater_plugins.job as job_plugin
 
 from tests.fakekube import FakeKube
 from tests.objects import JOBS, PODS, WORKLOADS, job_pod, ungated, workload
 from tests.polling import eventually, holds_for
 from tests.unit.builders import GATE, facts
 from tests.unit.builders import workload as raw_workload
+from tests.unit.harness import observed_controller
 from ungater.config import Config
 from ungater.controller import Controller
 from ungater.decision import CONSUME_PROVISIONING_REQUEST as PR
 from ungater.decision import PodFacts, decide
-from ungater.events import EventRecorder
 from ungater.kube import EVENTS
-from ungater.metrics import Metrics
 from ungater.model import WorkloadView, parse_workload
-from ungater.registry import PluginRegistry
 
 NS = "team-a"
 
@@ -90,27 +86,8 @@ async def running(fake: FakeKube) -> AsyncIterator[Controller]:
             "watch": {"backoffInitialSeconds": 0.01, "backoffMaxSeconds": 0.05},
         }
     )
-    metrics = Metrics()
-    events = EventRecorder(fake, host="test")
-    ctl = Controller(
-        config,
-        fake,
-        PluginRegistry.from_modules({"job": job_plugin}),
-        metrics=metrics,
-        events=events,
-    )
-    metrics.bind(ctl)
-    stop = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(events.run)
-        tg.start_soon(ctl.run, stop)
-        with anyio.fail_after(5):
-            await ctl.ready.wait()
-        try:
-            yield ctl
-        finally:
-            stop.set()
-            await events.close(1.0)
+    async with observed_controller(fake, config) as ctl:
+        yield ctl
 
 
 @pytest.mark.anyio

@@ -17,9 +17,9 @@ import ungater_plugins.job as job_plugin
 from tests.fakekube import FakeKube
 from tests.objects import JOBS, PODS, WORKLOADS, job_pod, ungated, workload
 from tests.polling import eventually, holds_for
+from tests.unit.harness import observed_controller
 from ungater.config import Config, StandDownConfig
 from ungater.controller import Controller
-from ungater.events import EventRecorder
 from ungater.kube import EVENTS
 from ungater.metrics import Metrics
 from ungater.registry import PluginRegistry
@@ -70,22 +70,8 @@ def make_config(**overrides: Any) -> Config:
 
 @asynccontextmanager
 async def running(fake: FakeKube, config: Config) -> AsyncIterator[Controller]:
-    registry = PluginRegistry.from_modules({"job": job_plugin})
-    metrics = Metrics()
-    events = EventRecorder(fake, host="test")
-    ctl = Controller(config, fake, registry, metrics=metrics, events=events)
-    metrics.bind(ctl)
-    stop = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(events.run)
-        tg.start_soon(ctl.run, stop)
-        with anyio.fail_after(5):
-            await ctl.ready.wait()
-        try:
-            yield ctl
-        finally:
-            stop.set()
-            await events.close(1.0)
+    async with observed_controller(fake, config) as ctl:
+        yield ctl
 
 
 def setup_job(fake: FakeKube, name: str, n: int) -> dict[str, Any]:
