@@ -23,7 +23,7 @@ from bench.objects import (
     pod_body,
     workload_body,
 )
-from ungater.kube import ApiClientKube, ApiError, Resource
+from ungater._kube import ApiClientKube, ApiError, Resource
 
 __all__ = ["BenchApi", "bounded_gather"]
 

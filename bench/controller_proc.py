@@ -1,4 +1,4 @@
-"""The controller as a user runs it: ``python -m ungater.cli run --kubeconfig K --config C``.
+"""The controller as a user runs it: ``python -m ungater run --kubeconfig K --config C``.
 
 The harness writes the config file, starts the process, timestamps every line it logs ("caches
 synced", "leading"), polls its ``/readyz``, reads its memory from ``/proc/PID/status`` and stops
@@ -114,7 +114,7 @@ class ControllerProcess:
         args = [
             sys.executable,
             "-m",
-            "ungater.cli",
+            "ungater",
             "run",
             "--kubeconfig",
             str(self.kubeconfig),

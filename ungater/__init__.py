@@ -1,8 +1,9 @@
 """ungater: releases the gated pods of Kueue elastic jobs, exactly as far as admitted.
 
-The public surface is small: the config model, the decision function and its data types.
-Plugin authors import ``ungater.plugin_api`` only; names here load lazily so that importing the
-plugin API does not pull in pydantic and YAML.
+The public surface is this package's names (the config model and the pure decision), the
+plugin API (``ungater.plugin_api``) and the plugin author's test kit (``ungater.testing``).
+Every module whose name starts with an underscore is internal and may change in any release.
+Names here load lazily so that importing the plugin API does not pull in pydantic and YAML.
 """
 
 from __future__ import annotations
@@ -13,15 +14,15 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Config": "ungater.config",
-    "ConfigError": "ungater.config",
-    "load_config": "ungater.config",
-    "Decision": "ungater.decision",
-    "Ownership": "ungater.decision",
-    "PodFacts": "ungater.decision",
-    "PodSetReport": "ungater.decision",
-    "Release": "ungater.decision",
-    "decide": "ungater.decision",
+    "Config": "ungater._config",
+    "ConfigError": "ungater._config",
+    "load_config": "ungater._config",
+    "Decision": "ungater._decision",
+    "Ownership": "ungater._decision",
+    "PodFacts": "ungater._decision",
+    "PodSetReport": "ungater._decision",
+    "Release": "ungater._decision",
+    "decide": "ungater._decision",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -26,7 +26,7 @@ from typing import Any
 
 import anyio
 
-from ungater.kube import PODS, ApiClientKube, Resource, connect
+from ungater._kube import PODS, ApiClientKube, Resource, connect
 
 __all__ = ["DEMO_GATE", "run_demo"]
 
@@ -327,7 +327,7 @@ def run_demo(state_dir: Path | None = None, fast: bool = False) -> int:
                 [
                     sys.executable,
                     "-m",
-                    "ungater.cli",
+                    "ungater",
                     "run",
                     "--kubeconfig",
                     str(plane.kubeconfig_path),
@@ -350,7 +350,7 @@ def run_demo(state_dir: Path | None = None, fast: bool = False) -> int:
             [
                 sys.executable,
                 "-m",
-                "ungater.cli",
+                "ungater",
                 "explain",
                 f"{NS}/{active}",
                 "--kubeconfig",

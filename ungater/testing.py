@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from ungater.assess import pod_facts
-from ungater.config import DEFAULT_GATE
-from ungater.decision import Decision, decide
-from ungater.model import Kind, ObjectRef, PodView, parse_object, parse_pod, parse_workload
+from ungater._assess import pod_facts
+from ungater._config import DEFAULT_GATE
+from ungater._decision import Decision, decide
+from ungater._model import Kind, ObjectRef, PodView, parse_object, parse_pod, parse_workload
+from ungater._registry import KindHandler, PluginRegistry
 from ungater.plugin_api import KindSpec, ReleaseGroup
-from ungater.registry import KindHandler, PluginRegistry
 
 __all__ = [
     "GATE",

@@ -77,7 +77,7 @@ class Replica:
                 [
                     sys.executable,
                     "-m",
-                    "ungater.cli",
+                    "ungater",
                     "run",
                     "--kubeconfig",
                     str(kubeconfig),

@@ -12,10 +12,10 @@ import pytest
 
 from tests.integration.k8s import Kube
 from tests.objects import WORKLOADS, _cond
-from ungater.config import Config
-from ungater.controller import Controller
-from ungater.kube import connect
-from ungater.registry import PluginRegistry
+from ungater._config import Config
+from ungater._controller import Controller
+from ungater._kube import connect
+from ungater._registry import PluginRegistry
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ import anyio
 
 from tests.integration.k8s import Kube
 from tests.objects import PODS, WORKLOADS, gates_of
-from ungater.kube import Resource
+from ungater._kube import Resource
 
 UNGATER_GATE = "example.com/ungater"
 KUEUE_GATE = "kueue.x-k8s.io/elastic-job"

@@ -22,9 +22,9 @@ from tests.integration.test_deploy import Admin, admin, helm  # noqa: F401  (fix
 from tests.integration.test_jobs import make_job
 from tests.objects import GATE, PODS
 from tests.polling import eventually
+from ungater._guard import BINDINGS, POLICIES, GateGuard, check_guards
+from ungater._kube import ApiError, Resource, connect
 from ungater.devcluster import helm as helm_tool
-from ungater.guard import BINDINGS, POLICIES, GateGuard, check_guards
-from ungater.kube import ApiError, Resource, connect
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

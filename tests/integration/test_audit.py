@@ -22,9 +22,9 @@ from tests.integration.test_jobs import index, make_job
 from tests.integration.test_release_blocked import events_with, observed_controller
 from tests.objects import GATE, PODS
 from tests.polling import eventually, holds_for
-from ungater.auditrun import audit_cluster
-from ungater.explain import explain
-from ungater.registry import PluginRegistry
+from ungater._auditrun import audit_cluster
+from ungater._explain import explain
+from ungater._registry import PluginRegistry
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -108,7 +108,7 @@ async def test_audit_mode_reports_another_releasers_over_release_and_a_stall(
         # the command exits 3 on warnings, as a linter does, unless told not to
         cfg = tmp_path / "audit.yaml"
         cfg.write_text(yaml.safe_dump(config.dump()))
-        base = [sys.executable, "-m", "ungater.cli", "audit", "-n", ns, "--config", str(cfg)]
+        base = [sys.executable, "-m", "ungater", "audit", "-n", ns, "--config", str(cfg)]
         base += ["--kubeconfig", str(control_plane.kubeconfig_path)]
         for extra, code in (([], 3), (["--exit-zero"], 0)):
             proc = await anyio.to_thread.run_sync(

@@ -39,7 +39,7 @@ async def test_run_releases_and_exits_zero_on_sigterm(
             [
                 sys.executable,
                 "-m",
-                "ungater.cli",
+                "ungater",
                 "run",
                 "--kubeconfig",
                 str(control_plane.kubeconfig_path),
@@ -72,7 +72,7 @@ async def test_run_releases_and_exits_zero_on_sigterm(
             [
                 sys.executable,
                 "-m",
-                "ungater.cli",
+                "ungater",
                 "explain",
                 f"{ns}/job-cli-a",
                 "--kubeconfig",
@@ -97,7 +97,7 @@ async def test_explain_unknown_workload_is_one_line(
             [
                 sys.executable,
                 "-m",
-                "ungater.cli",
+                "ungater",
                 "explain",
                 f"{kube_namespace}/nope",
                 "--kubeconfig",

@@ -45,10 +45,10 @@ from tests.unit.test_deploy_render import (
     plain_objects,
     rendered_config,
 )
-from ungater.config import Config
+from ungater._config import Config
+from ungater._kube import ApiClientKube, ApiError, Resource, connect
 from ungater.devcluster import helm as helm_tool
 from ungater.devcluster.versions import KUBERNETES_VERSION
-from ungater.kube import ApiClientKube, ApiError, Resource, connect
 
 pytestmark = pytest.mark.integration
 
@@ -472,7 +472,7 @@ async def assert_denied(what: str, call: Any) -> None:
 def controller_config(objects: list[dict[str, Any]], namespaces: list[str]) -> Config:
     """The chart's config file, watching ``namespaces``, with the tests' short timeouts.
 
-    Keys ungater.config does not know yet (leaderElection, server) are left out: this test
+    Keys ungater._config does not know yet (leaderElection, server) are left out: this test
     runs the controller in-process, without its leader election or HTTP server."""
     raw = rendered_config(objects)
     raw["namespaces"] = namespaces

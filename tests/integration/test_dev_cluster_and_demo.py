@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ungater.cli", *args],
+        [sys.executable, "-m", "ungater", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

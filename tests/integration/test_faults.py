@@ -124,7 +124,7 @@ async def test_controller_sigkilled_between_patching_and_observing(
     cmd = [
         sys.executable,
         "-m",
-        "ungater.cli",
+        "ungater",
         "run",
         "--kubeconfig",
         str(control_plane.kubeconfig_path),

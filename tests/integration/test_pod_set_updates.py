@@ -135,7 +135,7 @@ async def test_updates_ride_with_the_release_and_conflicts_stay_gated(
             [
                 sys.executable,
                 "-m",
-                "ungater.cli",
+                "ungater",
                 "explain",
                 f"{ns}/raycluster-prov-a",
                 "--json",

@@ -20,14 +20,14 @@ from tests.integration.monitor import live_released
 from tests.integration.test_jobs import index, make_job
 from tests.objects import GATE, PODS
 from tests.polling import eventually, holds_for
-from ungater.blocked import BLOCKED, CONFLICT, classify_patch_error, server_message
-from ungater.config import Config
-from ungater.controller import Controller
-from ungater.events import EventRecorder
-from ungater.explain import explain
-from ungater.kube import ApiError, Resource, connect
-from ungater.metrics import Metrics
-from ungater.registry import PluginRegistry
+from ungater._blocked import BLOCKED, CONFLICT, classify_patch_error, server_message
+from ungater._config import Config
+from ungater._controller import Controller
+from ungater._events import EventRecorder
+from ungater._explain import explain
+from ungater._kube import ApiError, Resource, connect
+from ungater._metrics import Metrics
+from ungater._registry import PluginRegistry
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

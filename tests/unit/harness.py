@@ -10,11 +10,11 @@ import anyio
 import ungater_plugins.job as job_plugin
 
 from tests.fakekube import FakeKube
-from ungater.config import Config
-from ungater.controller import Controller
-from ungater.events import EventRecorder
-from ungater.metrics import Metrics
-from ungater.registry import PluginRegistry
+from ungater._config import Config
+from ungater._controller import Controller
+from ungater._events import EventRecorder
+from ungater._metrics import Metrics
+from ungater._registry import PluginRegistry
 
 
 @asynccontextmanager

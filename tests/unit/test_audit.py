@@ -1,4 +1,4 @@
-"""The pure audit (ungater.audit): each finding from a table of slices and pods, the tracker
+"""The pure audit (ungater._audit): each finding from a table of slices and pods, the tracker
 that dates and reports findings, and audit mode in the controller on the in-memory API server
 (it patches nothing and reports what another releaser does)."""
 
@@ -17,7 +17,7 @@ from tests.objects import JOBS, PODS, WORKLOADS, job_pod, workload
 from tests.polling import eventually, holds_for
 from tests.unit.builders import GATE, condition, facts, wl_view
 from tests.unit.harness import observed_controller
-from ungater.audit import (
+from ungater._audit import (
     FOREIGN_GATES,
     OUT_OF_ORDER,
     OVER_RELEASE,
@@ -27,12 +27,12 @@ from ungater.audit import (
     audit_owner,
     parse_time,
 )
-from ungater.config import Config
-from ungater.controller import Controller
-from ungater.decision import Ownership, PodFacts
-from ungater.kube import EVENTS
-from ungater.model import ObjectRef, WorkloadView
-from ungater.registry import PluginRegistry
+from ungater._config import Config
+from ungater._controller import Controller
+from ungater._decision import Ownership, PodFacts
+from ungater._kube import EVENTS
+from ungater._model import ObjectRef, WorkloadView
+from ungater._registry import PluginRegistry
 
 OWNER = ObjectRef("batch/v1", "Job", "job", "uid-owner", True)
 T0 = parse_time("2026-01-01T00:00:00Z") or 0.0  # builders' ts(0)
@@ -269,8 +269,8 @@ def oneshot_config() -> Config:
 
 @pytest.mark.anyio
 async def test_one_shot_audit_reads_every_owner_and_names_the_pods() -> None:
-    from ungater.auditrun import audit_cluster, render_findings
-    from ungater.explain import explain
+    from ungater._auditrun import audit_cluster, render_findings
+    from ungater._explain import explain
 
     fake = FakeKube()
     fake.served["kueue.x-k8s.io"] = ["v1beta2"]

@@ -12,12 +12,12 @@ import pytest
 import yaml
 
 from ungater import __version__
-from ungater.cli import main
+from ungater._cli import main
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ungater.cli", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "ungater", *args], capture_output=True, text=True, timeout=60
     )
 
 
@@ -89,7 +89,7 @@ def test_run_without_cluster_is_one_clear_line(tmp_path: Path) -> None:
 
 
 def test_run_accepts_no_leader_election() -> None:
-    from ungater.cli import _parser
+    from ungater._cli import _parser
 
     args = _parser().parse_args(["run", "--no-leader-election"])
     assert args.no_leader_election is True
@@ -139,9 +139,9 @@ def test_a_kind_served_by_two_plugins_needs_one_named() -> None:
     """The same pure resolution run and check-config use refuses an ambiguous kind and accepts
     it once the config names the plugin."""
     import plugins.job as job_plugin
-    from ungater.config import Config, KindConfig
-    from ungater.kinds import StartupError, resolve_kinds
-    from ungater.registry import PluginRegistry
+    from ungater._config import Config, KindConfig
+    from ungater._kinds import StartupError, resolve_kinds
+    from ungater._registry import PluginRegistry
 
     hooks = {
         name: getattr(job_plugin, name) for name in dir(job_plugin) if name.startswith("ungater_")
@@ -163,7 +163,7 @@ def test_check_config_prints_where_the_lease_is(
     f.write_text("gate: example.com/mine\n")
     assert main(["check-config", str(f)]) == 0
     out = yaml.safe_load(capsys.readouterr().out)
-    from ungater.config import default_lease_name
+    from ungater._config import default_lease_name
 
     assert out["leaderElection"]["namespace"] == "kube-system"
     assert out["leaderElection"]["leaseName"] == default_lease_name(["example.com/mine"])
@@ -173,7 +173,7 @@ def test_check_config_prints_where_the_lease_is(
 
 
 def test_debug_is_accepted_before_and_after_the_command() -> None:
-    from ungater.cli import _parser
+    from ungater._cli import _parser
 
     parse = _parser().parse_args
     assert parse(["run", "--debug"]).debug is True
@@ -184,7 +184,7 @@ def test_debug_is_accepted_before_and_after_the_command() -> None:
 def test_every_command_and_option_has_help() -> None:
     import argparse
 
-    from ungater.cli import _parser
+    from ungater._cli import _parser
 
     parser = _parser()
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -202,7 +202,7 @@ def test_every_command_and_option_has_help() -> None:
 def test_a_closed_pipe_is_not_an_error() -> None:
     """`ungater plugins | head -0`: the reader is gone before the first line is written."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ungater.cli", "plugins"],
+        [sys.executable, "-m", "ungater", "plugins"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

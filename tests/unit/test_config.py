@@ -9,7 +9,7 @@ import pydantic
 import pytest
 import yaml
 
-from ungater.config import DEFAULT_GATE, Config, ConfigError, KindConfig, load_config
+from ungater._config import DEFAULT_GATE, Config, ConfigError, KindConfig, load_config
 
 BUILTIN = {("batch", "Job"), ("jobset.x-k8s.io", "JobSet"), ("ray.io", "RayCluster")}
 
@@ -411,8 +411,8 @@ def test_valid_names_pass(tmp_path: Path) -> None:
 def test_lease_location_does_not_depend_on_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """A laptop and a pod (POD_NAMESPACE set) compute the same Lease for the same gates; other
     gates get another Lease, a configured one wins."""
-    from ungater.app import lease_name, lease_namespace
-    from ungater.config import default_lease_name
+    from ungater._app import lease_name, lease_namespace
+    from ungater._config import default_lease_name
 
     laptop = (lease_namespace(Config()), lease_name(Config()))
     monkeypatch.setenv("POD_NAMESPACE", "ungater-system")

@@ -24,9 +24,9 @@ from tests.objects import (
     workload,
 )
 from tests.polling import eventually, holds_for
-from ungater.config import Config
-from ungater.controller import Controller, StartupError
-from ungater.registry import PluginRegistry
+from ungater._config import Config
+from ungater._controller import Controller, StartupError
+from ungater._registry import PluginRegistry
 
 NS = "team-a"
 
@@ -351,7 +351,7 @@ def test_kind_without_plugin_is_a_startup_error() -> None:
 
 def test_a_plugin_that_failed_to_load_skips_only_its_kinds() -> None:
     registry = PluginRegistry.from_modules({"job": job_plugin})
-    from ungater.registry import PluginInfo
+    from ungater._registry import PluginInfo
 
     registry.plugins["raycluster"] = PluginInfo(
         "raycluster", "ungater", "0.1.0", error="import failed"

@@ -43,10 +43,10 @@ from tests.unit.podfactory import (
     jobset_child_job,
     workload,
 )
-from ungater.config import Config
-from ungater.controller import Controller
-from ungater.kube import PODS, Resource
-from ungater.registry import PluginRegistry
+from ungater._config import Config
+from ungater._controller import Controller
+from ungater._kube import PODS, Resource
+from ungater._registry import PluginRegistry
 
 JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
 COMPLETIONS = 20

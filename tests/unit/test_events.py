@@ -12,7 +12,7 @@ import pytest
 
 from tests.fakekube import FakeKube
 from tests.polling import eventually
-from ungater.events import (
+from ungater._events import (
     FOREIGN_RELEASE,
     NORMAL,
     PLUGIN_ERROR,
@@ -22,9 +22,9 @@ from ungater.events import (
     InvolvedObject,
     released_message,
 )
-from ungater.kube import EVENTS, ApiError, Resource
-from ungater.metrics import Metrics
-from ungater.model import parse_workload
+from ungater._kube import EVENTS, ApiError, Resource
+from ungater._metrics import Metrics
+from ungater._model import parse_workload
 
 NS = "team-a"
 WL = InvolvedObject("kueue.x-k8s.io/v1beta2", "Workload", NS, "job-train-1a2b3", "uid-wl-1")

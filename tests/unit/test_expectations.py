@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ungater.expectations import Expectations
+from ungater._expectations import Expectations
 
 
 class FakeClock:

@@ -12,7 +12,7 @@ import pytest
 
 from tests.fakekube import FakeKube
 from tests.objects import GATE, JOBS, PODS, job_pod
-from ungater.kube import ApiError, GoneError
+from ungater._kube import ApiError, GoneError
 
 NS = "team-a"
 OWNER = {

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ungater.metrics import Metrics
+from ungater._metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "ungater"

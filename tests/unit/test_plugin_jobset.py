@@ -17,10 +17,10 @@ from tests.unit.podfactory import (
     strip_owner,
     workload,
 )
-from ungater.decision import Ownership, decide
-from ungater.model import Kind, parse_object, parse_pod, parse_workload
+from ungater._decision import Ownership, decide
+from ungater._model import Kind, parse_object, parse_pod, parse_workload
+from ungater._registry import KindHandler, PluginRegistry
 from ungater.plugin_api import KindSpec, ResourceSpec
-from ungater.registry import KindHandler, PluginRegistry
 
 JOBSET = Kind("jobset.x-k8s.io", "JobSet")
 

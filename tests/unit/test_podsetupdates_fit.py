@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.builders import pod
-from ungater.model import PodSetUpdate, parse_pod
-from ungater.podsetupdates import PodChanges, fit_to_pod, merge_updates
+from ungater._model import PodSetUpdate, parse_pod
+from ungater._podsetupdates import PodChanges, fit_to_pod, merge_updates
 
 
 @pytest.mark.parametrize(

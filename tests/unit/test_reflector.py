@@ -9,10 +9,10 @@ from typing import Any
 import anyio
 import pytest
 
-import ungater.reflector as reflector_module
-from ungater.kube import PODS, GoneError
-from ungater.model import MalformedObject
-from ungater.reflector import Reflector
+import ungater._reflector as reflector_module
+from ungater._kube import PODS, GoneError
+from ungater._model import MalformedObject
+from ungater._reflector import Reflector
 
 
 @pytest.fixture

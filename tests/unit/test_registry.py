@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from tests.unit.builders import pod_view
-from ungater.model import Kind, ObjectRef
+from ungater._model import Kind, ObjectRef
+from ungater._registry import KindHandler, PluginError, PluginInfo, PluginRegistry
 from ungater.plugin_api import KindSpec, ReleaseGroup, hookimpl
-from ungater.registry import KindHandler, PluginError, PluginInfo, PluginRegistry
 
 WIDGET = Kind("example.com", "Widget")
 GADGET = Kind("example.com", "Gadget")

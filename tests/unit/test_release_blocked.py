@@ -21,7 +21,7 @@ from tests.polling import eventually, holds_for
 from tests.unit.builders import facts, wl_view
 from tests.unit.builders import workload as raw_workload
 from tests.unit.harness import observed_controller
-from ungater.blocked import (
+from ungater._blocked import (
     BLOCKED,
     CONFLICT,
     ERROR,
@@ -30,11 +30,11 @@ from ungater.blocked import (
     classify_patch_error,
     server_message,
 )
-from ungater.config import Config
-from ungater.controller import Controller
-from ungater.decision import CONSUME_PROVISIONING_REQUEST, decide
-from ungater.kube import EVENTS, ApiError
-from ungater.model import parse_workload
+from ungater._config import Config
+from ungater._controller import Controller
+from ungater._decision import CONSUME_PROVISIONING_REQUEST, decide
+from ungater._kube import EVENTS, ApiError
+from ungater._model import parse_workload
 
 NS = "team-a"
 

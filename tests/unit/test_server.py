@@ -8,8 +8,8 @@ import asyncio
 import aiohttp
 import pytest
 
-from ungater.metrics import CONTENT_TYPE, Metrics
-from ungater.server import HealthServer, parse_address
+from ungater._metrics import CONTENT_TYPE, Metrics
+from ungater._server import HealthServer, parse_address
 
 
 @pytest.fixture

@@ -18,13 +18,13 @@ from tests.fakekube import FakeKube
 from tests.objects import JOBS, PODS, WORKLOADS, job_pod, ungated, workload
 from tests.polling import eventually, holds_for
 from tests.unit.harness import observed_controller
-from ungater.config import Config, StandDownConfig
-from ungater.controller import Controller
-from ungater.kube import EVENTS
-from ungater.metrics import Metrics
-from ungater.registry import PluginRegistry
-from ungater.server import HealthServer
-from ungater.standdown import StandDown
+from ungater._config import Config, StandDownConfig
+from ungater._controller import Controller
+from ungater._kube import EVENTS
+from ungater._metrics import Metrics
+from ungater._registry import PluginRegistry
+from ungater._server import HealthServer
+from ungater._standdown import StandDown
 
 NS = "team-a"
 

@@ -11,7 +11,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from ungater.workqueue import QueueShutDown, WorkQueue
+from ungater._workqueue import QueueShutDown, WorkQueue
 
 
 @pytest.fixture

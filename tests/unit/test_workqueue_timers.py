@@ -7,7 +7,7 @@ import asyncio
 import anyio
 import pytest
 
-from ungater.workqueue import WorkQueue
+from ungater._workqueue import WorkQueue
 
 
 @pytest.fixture

@@ -46,7 +46,7 @@ helm.sh/chart: {{ include "ungater.chart" . }}
 
 {{/*
 The namespace of the leader-election Lease: config.leaderElection.namespace, else kube-system,
-the controller's own default (ungater/config.py), so that an `ungater run` from a laptop and
+the controller's own default (ungater/_config.py), so that an `ungater run` from a laptop and
 this Deployment meet on one Lease.
 */}}
 {{- define "ungater.leaseNamespace" -}}
@@ -113,7 +113,7 @@ namespaced
 The config file: .Values.config as given, with the Lease namespace and name filled in. Refuses a
 deployment that would run two releasers at once (replicas > 1 without leader election).
 */}}
-{{- define "ungater.config" -}}
+{{- define "ungater._config" -}}
 {{- $config := deepCopy .Values.config -}}
 {{- $le := get $config "leaderElection" | default dict -}}
 {{- if and (gt (int .Values.replicaCount) 1) (not $le.enabled) -}}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ungater.decision import Release
+from ungater._decision import Release
 
 __all__ = ["release_patch"]
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ungater.cache import OwnerKey
-from ungater.kube import PODS, KubeClient, Resource
-from ungater.model import (
+from ungater._cache import OwnerKey
+from ungater._kube import PODS, KubeClient, Resource
+from ungater._model import (
     ADMITTED,
     ObjectView,
     PodView,
@@ -23,10 +23,10 @@ from ungater.model import (
     parse_pod,
     parse_workload,
 )
-from ungater.notices import Notices
+from ungater._notices import Notices
+from ungater._reflector import Reflector
+from ungater._state import KindRuntime, OwnerFacts, State, resource_version_number
 from ungater.plugin_api import ResourceSpec
-from ungater.reflector import Reflector
-from ungater.state import KindRuntime, OwnerFacts, State, resource_version_number
 
 __all__ = ["KUEUE_GROUP", "EventHandlers", "workload_resource"]
 
@@ -34,7 +34,7 @@ KUEUE_GROUP = "kueue.x-k8s.io"
 
 
 def workload_resource(version: str) -> Resource:
-    """Kueue's Workloads at one served version (``ungater.controller`` re-exports it)."""
+    """Kueue's Workloads at one served version (``ungater._controller`` re-exports it)."""
     return Resource(KUEUE_GROUP, version, "workloads", "Workload")
 
 

@@ -18,15 +18,15 @@ from typing import Any
 
 import pluggy
 
-from ungater import hookspecs
-from ungater.model import Kind, ObjectRef, PodView
+from ungater import _hookspecs as hookspecs
+from ungater._model import Kind, ObjectRef, PodView
 from ungater.plugin_api import PROJECT, KindSpec, ReleaseGroup
 
 __all__ = ["ENTRY_POINT_GROUP", "KindHandler", "PluginError", "PluginInfo", "PluginRegistry"]
 
 ENTRY_POINT_GROUP = "ungater.plugins"
 ALLOW_ENV = "UNGATER_PLUGINS"
-log = logging.getLogger(__name__)
+log = logging.getLogger("ungater.registry")
 
 
 class PluginError(Exception):

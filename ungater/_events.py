@@ -24,8 +24,8 @@ from typing import Any
 
 import anyio
 
-from ungater.kube import EVENTS, ApiError, KubeClient
-from ungater.model import WorkloadView
+from ungater._kube import EVENTS, ApiError, KubeClient
+from ungater._model import WorkloadView
 
 __all__ = [
     "FOREIGN_RELEASE",
@@ -43,7 +43,7 @@ __all__ = [
     "released_message",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ungater.events")
 
 NORMAL = "Normal"
 WARNING = "Warning"

@@ -11,15 +11,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ungater.assess import owner_of, pod_facts
-from ungater.audit import Finding, audit_owner
-from ungater.blocked import BLOCKED, classify_patch_error, server_message
-from ungater.config import Config, KindConfig
-from ungater.controller import KUEUE_GROUP, StartupError, workload_resource
-from ungater.decision import Decision, PodFacts, active_slice, decide, order_slices
-from ungater.guard import check_guards
-from ungater.kube import PODS, ApiError, KubeClient, Resource
-from ungater.model import (
+from ungater._assess import owner_of, pod_facts
+from ungater._audit import Finding, audit_owner
+from ungater._blocked import BLOCKED, classify_patch_error, server_message
+from ungater._config import Config, KindConfig
+from ungater._controller import KUEUE_GROUP, StartupError, workload_resource
+from ungater._decision import Decision, PodFacts, active_slice, decide, order_slices
+from ungater._guard import check_guards
+from ungater._kube import PODS, ApiError, KubeClient, Resource
+from ungater._model import (
     Kind,
     ObjectRef,
     ObjectView,
@@ -29,7 +29,7 @@ from ungater.model import (
     parse_pod,
     parse_workload,
 )
-from ungater.registry import KindHandler, PluginRegistry
+from ungater._registry import KindHandler, PluginRegistry
 
 __all__ = [
     "ExplainError",

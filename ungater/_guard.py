@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 
-from ungater.kube import ApiError, KubeClient, Resource
+from ungater._kube import ApiError, KubeClient, Resource
 
 __all__ = [
     "BINDINGS",
@@ -32,7 +32,7 @@ __all__ = [
     "check_guards",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ungater.guard")
 
 GUARDS_GATE_ANNOTATION = "ungater.dev/guards-gate"
 POLICIES = Resource(

@@ -12,8 +12,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ungater.decision import Ownership
-from ungater.model import Kind, ObjectRef, ObjectView, PodView, WorkloadView
+from ungater._decision import Ownership
+from ungater._model import Kind, ObjectRef, ObjectView, PodView, WorkloadView
 
 __all__ = ["ChainResult", "OwnerKey", "PodIndex", "WorkloadIndex", "resolve_chain"]
 

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ungater.config import StandDownConfig
+from ungater._config import StandDownConfig
 
 __all__ = ["StandDown", "Tripped"]
 

@@ -129,7 +129,7 @@ def translate(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ungater.cli import main as ungater_main
+    from ungater._cli import main as ungater_main
 
     translated = translate(sys.argv[1:] if argv is None else argv, os.environ)
     return ungater_main(translated)

@@ -2,7 +2,7 @@
 
 The controller calls ``Auditor.observe`` instead of patching for a kind in audit mode (set in
 the config, or after standing down). The findings themselves come from the pure
-``ungater.audit.audit_owner``; this module keeps them over time (``FindingTracker``: when each
+``ungater._audit.audit_owner``; this module keeps them over time (``FindingTracker``: when each
 was first seen, which were reported), reports each new one once (a counter, a log line, a
 rate-limited Warning Event on its Workload) and tells the controller when to look again (a
 stall becomes one without any event).
@@ -14,17 +14,17 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from ungater.audit import WARNING as SEVERE
-from ungater.audit import Finding, FindingTracker, audit_owner
-from ungater.config import AuditConfig
-from ungater.decision import Decision, PodFacts
-from ungater.events import WARNING, EventRecorder, InvolvedObject
-from ungater.metrics import Metrics
-from ungater.model import ObjectRef, WorkloadView
+from ungater._audit import WARNING as SEVERE
+from ungater._audit import Finding, FindingTracker, audit_owner
+from ungater._config import AuditConfig
+from ungater._decision import Decision, PodFacts
+from ungater._events import WARNING, EventRecorder, InvolvedObject
+from ungater._metrics import Metrics
+from ungater._model import ObjectRef, WorkloadView
 
 __all__ = ["Auditor"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ungater.auditing")
 
 
 class Auditor:

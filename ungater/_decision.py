@@ -19,9 +19,9 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ungater.model import ADMITTED, EVICTED, FINISHED, PodView, WorkloadView
+from ungater._model import ADMITTED, EVICTED, FINISHED, PodView, WorkloadView
+from ungater._podsetupdates import NO_CHANGES, PodChanges, fit_to_pod, merge_updates
 from ungater.plugin_api import ReleaseGroup
-from ungater.podsetupdates import NO_CHANGES, PodChanges, fit_to_pod, merge_updates
 
 __all__ = [
     "CONSUME_PROVISIONING_REQUEST",

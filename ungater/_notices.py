@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from ungater.assess import owner_of
-from ungater.cache import OwnerKey
-from ungater.config import DEFAULT_GATE
-from ungater.decision import Decision, Release
-from ungater.events import (
+from ungater._assess import owner_of
+from ungater._cache import OwnerKey
+from ungater._config import DEFAULT_GATE
+from ungater._decision import Decision, Release
+from ungater._events import (
     FOREIGN_RELEASE,
     PODS_UNMAPPED,
     RELEASE_BLOCKED,
@@ -24,9 +24,9 @@ from ungater.events import (
     STOOD_DOWN,
     WARNING,
 )
-from ungater.model import PodView
-from ungater.standdown import Tripped
-from ungater.state import KindRuntime, State
+from ungater._model import PodView
+from ungater._standdown import Tripped
+from ungater._state import KindRuntime, State
 
 __all__ = ["POD_SET_UPDATE_CONFLICT", "Notices"]
 

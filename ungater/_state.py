@@ -15,24 +15,24 @@ from typing import Any
 
 import anyio
 
-from ungater.assess import owner_of
-from ungater.auditing import Auditor
-from ungater.blocked import BlockedReleases
-from ungater.cache import OwnerKey, PodIndex, WorkloadIndex, ancestors
-from ungater.config import Config
-from ungater.decision import Decision, active_slice, gated_by_reason, order_slices
-from ungater.events import EventRecorder, InvolvedObject
-from ungater.expectations import Expectations
-from ungater.guard import GateGuard
-from ungater.kube import KubeClient
-from ungater.metrics import Metrics
-from ungater.model import Kind, ObjectView
-from ungater.reflector import ReflectorStats
-from ungater.registry import KindHandler, PluginError
-from ungater.releasable import ReleasableClock
-from ungater.snapshot import WATCH_SERIES, ControllerSnapshot
-from ungater.standdown import StandDown
-from ungater.workqueue import WorkQueue
+from ungater._assess import owner_of
+from ungater._auditing import Auditor
+from ungater._blocked import BlockedReleases
+from ungater._cache import OwnerKey, PodIndex, WorkloadIndex, ancestors
+from ungater._config import Config
+from ungater._decision import Decision, active_slice, gated_by_reason, order_slices
+from ungater._events import EventRecorder, InvolvedObject
+from ungater._expectations import Expectations
+from ungater._guard import GateGuard
+from ungater._kube import KubeClient
+from ungater._metrics import Metrics
+from ungater._model import Kind, ObjectView
+from ungater._reflector import ReflectorStats
+from ungater._registry import KindHandler, PluginError
+from ungater._releasable import ReleasableClock
+from ungater._snapshot import WATCH_SERIES, ControllerSnapshot
+from ungater._standdown import StandDown
+from ungater._workqueue import WorkQueue
 
 __all__ = ["KindRuntime", "OwnerFacts", "State", "Stats", "resource_version_number"]
 
@@ -47,7 +47,7 @@ class KindRuntime:
     gate: str
     pods: PodIndex
     mode: str = "release"  # "audit": decide and report, never patch
-    stood_down: str = ""  # why this kind stopped releasing (see ungater.standdown)
+    stood_down: str = ""  # why this kind stopped releasing (see ungater._standdown)
 
     @property
     def kind(self) -> Kind:
@@ -210,7 +210,7 @@ class State:
     def snapshot(
         self, watches: Iterable[tuple[str, ReflectorStats]], synced: bool
     ) -> ControllerSnapshot:
-        """The figures ``ungater.metrics`` exports at scrape time; ``watches``: each reflector's
+        """The figures ``ungater._metrics`` exports at scrape time; ``watches``: each reflector's
         name and counters (summed per name)."""
         totals: dict[str, dict[str, int]] = {}
         for name, stats in watches:

@@ -14,19 +14,19 @@ from collections.abc import Sequence
 
 import anyio
 
-from ungater.blocked import BLOCKED, CONFLICT, ERROR, GONE, classify_patch_error, server_message
-from ungater.decision import Release
-from ungater.kube import PODS, ApiError
-from ungater.model import parse_pod
-from ungater.notices import Notices
-from ungater.patches import release_patch
-from ungater.state import KindRuntime, State
+from ungater._blocked import BLOCKED, CONFLICT, ERROR, GONE, classify_patch_error, server_message
+from ungater._decision import Release
+from ungater._kube import PODS, ApiError
+from ungater._model import parse_pod
+from ungater._notices import Notices
+from ungater._patches import release_patch
+from ungater._state import KindRuntime, State
 
 __all__ = ["BLOCKED", "CONFLICT", "DELETING", "ERROR", "GONE", "RELEASED", "SKIPPED", "Patcher"]
 
 log = logging.getLogger("ungater.controller")  # the controller's voice, as before the split
 
-# outcomes beside the refusals named by ungater.blocked (gone, conflict, blocked, error)
+# outcomes beside the refusals named by ungater._blocked (gone, conflict, blocked, error)
 RELEASED = "released"
 DELETING = "deleting"  # it landed on a pod already being deleted
 SKIPPED = "skipped"

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ungater.cache import resolve_chain
-from ungater.decision import Ownership, PodFacts
-from ungater.model import Kind, ObjectRef, ObjectView, PodView, WorkloadView
-from ungater.registry import KindHandler
+from ungater._cache import resolve_chain
+from ungater._decision import Ownership, PodFacts
+from ungater._model import Kind, ObjectRef, ObjectView, PodView, WorkloadView
+from ungater._registry import KindHandler
 
 __all__ = ["owner_of", "pod_facts"]
 

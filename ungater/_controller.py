@@ -17,26 +17,26 @@ from typing import Any
 
 import anyio
 
-from ungater.cache import OwnerKey, PodIndex
-from ungater.config import Config
-from ungater.decision import Decision
-from ungater.events import PLUGIN_ERROR, WARNING, EventRecorder
-from ungater.handlers import KUEUE_GROUP, EventHandlers, workload_resource
-from ungater.kube import KubeClient
-from ungater.leader import LeaderElector, LeaderTerm
-from ungater.metrics import ControllerSnapshot, Metrics
-from ungater.model import Kind
-from ungater.notices import Notices
-from ungater.patcher import Patcher
-from ungater.reconciler import Changed, Reconciler
-from ungater.reflector import Reflector
-from ungater.registry import PluginError, PluginRegistry
-from ungater.state import KindRuntime, State, Stats
-from ungater.workqueue import QueueShutDown
+from ungater._cache import OwnerKey, PodIndex
+from ungater._config import Config
+from ungater._decision import Decision
+from ungater._events import PLUGIN_ERROR, WARNING, EventRecorder
+from ungater._handlers import KUEUE_GROUP, EventHandlers, workload_resource
+from ungater._kube import KubeClient
+from ungater._leader import LeaderElector, LeaderTerm
+from ungater._metrics import ControllerSnapshot, Metrics
+from ungater._model import Kind
+from ungater._notices import Notices
+from ungater._patcher import Patcher
+from ungater._reconciler import Changed, Reconciler
+from ungater._reflector import Reflector
+from ungater._registry import PluginError, PluginRegistry
+from ungater._state import KindRuntime, State, Stats
+from ungater._workqueue import QueueShutDown
 
 __all__ = ["KUEUE_GROUP", "Controller", "StartupError", "workload_resource"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ungater.controller")
 
 
 class StartupError(Exception):
@@ -95,8 +95,8 @@ class Controller:
     # -- set-up ---------------------------------------------------------------------------------
 
     def _resolve_kinds(self) -> dict[Kind, KindRuntime]:
-        # one pure function decides, shared with `ungater check-config` (ungater/kinds.py)
-        from ungater import kinds
+        # one pure function decides, shared with `ungater check-config` (ungater/_kinds.py)
+        from ungater import _kinds as kinds
 
         for failed in self.registry.failures:
             log.error("plugin %s unavailable: %s", failed.label, failed.error)
@@ -154,7 +154,7 @@ class Controller:
         return self.state.gated_pods()
 
     def metrics_snapshot(self) -> ControllerSnapshot:
-        """The figures ``ungater.metrics`` reads at scrape time (its ``SnapshotSource``)."""
+        """The figures ``ungater._metrics`` reads at scrape time (its ``SnapshotSource``)."""
         return self.state.snapshot(
             ((r.name, r.stats) for r in self.reflectors), self.ready.is_set()
         )

@@ -16,11 +16,11 @@ from types import TracebackType
 
 from aiohttp import web
 
-from ungater.metrics import Metrics
+from ungater._metrics import Metrics
 
 __all__ = ["HealthServer", "parse_address"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ungater.server")
 
 
 def parse_address(address: str) -> tuple[str, int]:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ungater.model import PodSetUpdate, PodView
+from ungater._model import PodSetUpdate, PodView
 
 __all__ = ["PodChanges", "fit_to_pod", "merge_updates"]
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from ungater.decision import (
+from ungater._decision import (
     Decision,
     Ownership,
     PodFacts,
@@ -34,7 +34,7 @@ from ungater.decision import (
     order_slices,
     pod_set_caps,
 )
-from ungater.model import ADMITTED, FINISHED, ObjectRef, WorkloadView
+from ungater._model import ADMITTED, FINISHED, ObjectRef, WorkloadView
 
 __all__ = [
     "FINDINGS",

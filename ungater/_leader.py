@@ -26,7 +26,7 @@ from typing import Any
 
 import anyio
 
-from ungater.kube import ApiError, KubeClient, Resource
+from ungater._kube import ApiError, KubeClient, Resource
 
 __all__ = [
     "LEASES",
@@ -38,7 +38,7 @@ __all__ = [
     "micro_time",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ungater.leader")
 
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
 JITTER = 1.2  # acquire retries wait retry_period * [1, JITTER); renew_deadline must exceed it

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ungater.config import Config
-from ungater.model import Kind
-from ungater.registry import KindHandler, PluginInfo, PluginRegistry
+from ungater._config import Config
+from ungater._model import Kind
+from ungater._registry import KindHandler, PluginInfo, PluginRegistry
 
 __all__ = ["KindResolution", "ResolvedKind", "SkippedKind", "StartupError", "resolve_kinds"]
 

@@ -3,7 +3,7 @@
 It patches nothing and needs only read access. Per namespace it lists the Workloads, groups
 them by owner, reads each configured owner's pods as ``ungater explain`` does (the same
 plugins, the same decision) and compares what the active slice allows with the pods as they
-are: ``ungater.audit.audit_owner``. A one-shot read has no history, so a stall is dated from
+are: ``ungater._audit.audit_owner``. A one-shot read has no history, so a stall is dated from
 the later of the pod's creation and the slice's admission, and how long an over-release has
 lasted is unknown (the controller in audit mode measures both while it watches).
 """
@@ -14,13 +14,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ungater.audit import WARNING, Finding
-from ungater.config import Config
-from ungater.controller import workload_resource
-from ungater.explain import audit_read, kind_config, read_owner, workload_version
-from ungater.kube import KubeClient
-from ungater.model import MalformedObject, WorkloadView, parse_workload
-from ungater.registry import PluginRegistry
+from ungater._audit import WARNING, Finding
+from ungater._config import Config
+from ungater._controller import workload_resource
+from ungater._explain import audit_read, kind_config, read_owner, workload_version
+from ungater._kube import KubeClient
+from ungater._model import MalformedObject, WorkloadView, parse_workload
+from ungater._registry import PluginRegistry
 
 __all__ = ["audit_cluster", "render_findings"]
 

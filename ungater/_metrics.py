@@ -2,7 +2,7 @@
 
 This module owns the metric names and labels, which are the contract with dashboards and
 alerts. Things the controller already counts (work queue, expectations, reflectors, caches) are
-read at scrape time through ``ungater.snapshot`` (``ControllerSnapshot``, re-exported here).
+read at scrape time through ``ungater._snapshot`` (``ControllerSnapshot``, re-exported here).
 Things that happen (a release, a reconcile, a patch outcome) are ordinary counters and
 histograms that the controller moves.
 """
@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
 
-from ungater.snapshot import ControllerCollector, ControllerSnapshot, SnapshotSource
+from ungater._snapshot import ControllerCollector, ControllerSnapshot, SnapshotSource
 
 __all__ = [
     "CONTENT_TYPE",
@@ -176,7 +176,7 @@ class Metrics:
         self.foreign_releases.inc()
 
     def observe_event(self, type_: str, reason: str, outcome: str) -> None:
-        """The ``observer`` of ``ungater.events.EventRecorder``."""
+        """The ``observer`` of ``ungater._events.EventRecorder``."""
         self.events.labels(type_, reason, outcome).inc()
 
     # -- exposition ----------------------------------------------------------------------------

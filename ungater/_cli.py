@@ -20,11 +20,11 @@ import anyio
 import yaml
 
 from ungater import __version__
-from ungater.config import Config, ConfigError, load_config
+from ungater._config import Config, ConfigError, load_config
 
 if TYPE_CHECKING:
-    from ungater.kinds import KindResolution
-    from ungater.registry import PluginRegistry
+    from ungater._kinds import KindResolution
+    from ungater._registry import PluginRegistry
 
 __all__ = ["main"]
 
@@ -121,8 +121,8 @@ def _resolve(config: Config) -> tuple[PluginRegistry, KindResolution]:
     """The installed plugins and the kinds they serve as configured, or exit 2 with what
     ``run`` would refuse at start-up: ``run`` and ``check-config`` both call this, and the
     controller calls the same pure ``resolve_kinds``."""
-    from ungater.kinds import StartupError, resolve_kinds
-    from ungater.registry import PluginRegistry
+    from ungater._kinds import StartupError, resolve_kinds
+    from ungater._registry import PluginRegistry
 
     registry = PluginRegistry.discover(config.plugins.allow)
     try:
@@ -162,7 +162,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    from ungater.registry import PluginRegistry
+    from ungater._registry import PluginRegistry
 
     registry = PluginRegistry.discover()
     rows = [p.as_dict() for p in registry.plugins.values()]
@@ -180,7 +180,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 async def _client(args: argparse.Namespace, config: Config) -> Any:
-    from ungater.kube import connect
+    from ungater._kube import connect
 
     c = config.client
     try:
@@ -197,7 +197,7 @@ async def _client(args: argparse.Namespace, config: Config) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ungater.logs import setup_logging
+    from ungater._logs import setup_logging
 
     config = _load(args.config)
     registry, _ = _resolve(config)  # refuse a config before connecting, as check-config does
@@ -209,8 +209,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace, config: Config, registry: PluginRegistry) -> int:
-    from ungater.app import serve
-    from ungater.controller import StartupError
+    from ungater._app import serve
+    from ungater._controller import StartupError
 
     client = await _client(args, config)
     stop = anyio.Event()
@@ -251,9 +251,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 async def _explain(args: argparse.Namespace, config: Config, ns: str, name: str) -> int:
-    from ungater.explain import ExplainError, explain, render_text
-    from ungater.kube import ApiError
-    from ungater.registry import PluginError, PluginRegistry
+    from ungater._explain import ExplainError, explain, render_text
+    from ungater._kube import ApiError
+    from ungater._registry import PluginError, PluginRegistry
 
     registry = PluginRegistry.discover(config.plugins.allow)
     client = await _client(args, config)
@@ -277,10 +277,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 async def _audit(args: argparse.Namespace, config: Config) -> int:
-    from ungater.auditrun import audit_cluster, render_findings
-    from ungater.explain import ExplainError
-    from ungater.kube import ApiError
-    from ungater.registry import PluginError, PluginRegistry
+    from ungater._auditrun import audit_cluster, render_findings
+    from ungater._explain import ExplainError
+    from ungater._kube import ApiError
+    from ungater._registry import PluginError, PluginRegistry
 
     registry = PluginRegistry.discover(config.plugins.allow)
     client = await _client(args, config)

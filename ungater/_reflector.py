@@ -15,13 +15,13 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 
-from ungater.kube import ApiError, GoneError, KubeClient, Resource
-from ungater.model import MalformedObject
+from ungater._kube import ApiError, GoneError, KubeClient, Resource
+from ungater._model import MalformedObject
 
 __all__ = ["Reflector", "ReflectorStats"]
 
 V = TypeVar("V")
-log = logging.getLogger(__name__)
+log = logging.getLogger("ungater.reflector")
 
 
 class ReflectorStats:

@@ -15,18 +15,18 @@ import uuid
 
 import anyio
 
-from ungater.config import Config
-from ungater.controller import Controller
-from ungater.events import EventRecorder
-from ungater.kube import ApiClientKube, KubeClient
-from ungater.leader import LeaderElector
-from ungater.metrics import Metrics
-from ungater.registry import PluginRegistry
-from ungater.server import HealthServer
+from ungater._config import Config
+from ungater._controller import Controller
+from ungater._events import EventRecorder
+from ungater._kube import ApiClientKube, KubeClient
+from ungater._leader import LeaderElector
+from ungater._metrics import Metrics
+from ungater._registry import PluginRegistry
+from ungater._server import HealthServer
 
 __all__ = ["build_elector", "lease_identity", "lease_name", "lease_namespace", "serve"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ungater.app")
 
 
 def lease_namespace(config: Config) -> str:

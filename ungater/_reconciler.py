@@ -13,13 +13,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from ungater.assess import owner_of, pod_facts
-from ungater.cache import OwnerKey
-from ungater.decision import Decision, PodFacts, Release, active_slice, decide
-from ungater.events import NORMAL, RELEASED, InvolvedObject, released_message
-from ungater.kube import PODS, Resource
-from ungater.metrics import seconds_since
-from ungater.model import (
+from ungater._assess import owner_of, pod_facts
+from ungater._cache import OwnerKey
+from ungater._decision import Decision, PodFacts, Release, active_slice, decide
+from ungater._events import NORMAL, RELEASED, InvolvedObject, released_message
+from ungater._kube import PODS, Resource
+from ungater._metrics import seconds_since
+from ungater._model import (
     ADMITTED,
     MalformedObject,
     ObjectRef,
@@ -27,10 +27,10 @@ from ungater.model import (
     parse_pod,
     parse_workload,
 )
-from ungater.notices import Notices
-from ungater.patcher import BLOCKED, CONFLICT, DELETING, ERROR, GONE, SKIPPED, Patcher
-from ungater.patcher import RELEASED as PATCH_RELEASED
-from ungater.state import KindRuntime, State, resource_version_number
+from ungater._notices import Notices
+from ungater._patcher import BLOCKED, CONFLICT, DELETING, ERROR, GONE, SKIPPED, Patcher
+from ungater._patcher import RELEASED as PATCH_RELEASED
+from ungater._state import KindRuntime, State, resource_version_number
 
 __all__ = ["Changed", "Reconciler"]
 
