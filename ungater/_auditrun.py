@@ -16,9 +16,9 @@ from typing import Any
 
 from ungater._audit import WARNING, Finding
 from ungater._config import Config
-from ungater._controller import workload_resource
 from ungater._explain import audit_read, kind_config, read_owner, workload_version
 from ungater._kube import KubeClient
+from ungater._kueue import workload_resource
 from ungater._model import MalformedObject, WorkloadView, parse_workload
 from ungater._registry import PluginRegistry
 

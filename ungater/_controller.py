@@ -21,8 +21,9 @@ from ungater._cache import OwnerKey, PodIndex
 from ungater._config import Config
 from ungater._decision import Decision
 from ungater._events import PLUGIN_ERROR, WARNING, EventRecorder
-from ungater._handlers import KUEUE_GROUP, EventHandlers, workload_resource
+from ungater._handlers import EventHandlers
 from ungater._kube import KubeClient
+from ungater._kueue import KUEUE_GROUP
 from ungater._leader import LeaderElector, LeaderTerm
 from ungater._metrics import ControllerSnapshot, Metrics
 from ungater._model import Kind
@@ -34,7 +35,7 @@ from ungater._registry import PluginError, PluginRegistry
 from ungater._state import KindRuntime, State, Stats
 from ungater._workqueue import QueueShutDown
 
-__all__ = ["KUEUE_GROUP", "Controller", "StartupError", "workload_resource"]
+__all__ = ["Controller", "StartupError"]
 
 log = logging.getLogger("ungater.controller")
 

@@ -25,6 +25,7 @@ from typing import Any
 import anyio
 
 from ungater._kube import EVENTS, ApiError, KubeClient
+from ungater._kueue import KUEUE_GROUP
 from ungater._model import WorkloadView
 
 __all__ = [
@@ -55,7 +56,6 @@ RELEASE_BLOCKED = "ReleaseBlocked"  # Warning: the API server refused a release 
 STALE_PROVISIONING_REQUEST = "StaleProvisioningRequest"  # Warning: pods for another PR
 STOOD_DOWN = "StoodDown"  # Warning: another releaser works this kind's gate; we stopped
 MAX_MESSAGE = 1024
-KUEUE_GROUP = "kueue.x-k8s.io"
 
 
 def released_message(n: int, pod_set: str) -> str:

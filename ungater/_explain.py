@@ -15,10 +15,11 @@ from ungater._assess import owner_of, pod_facts
 from ungater._audit import Finding, audit_owner
 from ungater._blocked import BLOCKED, classify_patch_error, server_message
 from ungater._config import Config, KindConfig
-from ungater._controller import KUEUE_GROUP, StartupError, workload_resource
+from ungater._controller import StartupError
 from ungater._decision import Decision, PodFacts, active_slice, decide, order_slices
 from ungater._guard import check_guards
 from ungater._kube import PODS, ApiError, KubeClient, Resource
+from ungater._kueue import KUEUE_GROUP, workload_resource
 from ungater._model import (
     Kind,
     ObjectRef,

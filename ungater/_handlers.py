@@ -14,6 +14,7 @@ from typing import Any
 
 from ungater._cache import OwnerKey
 from ungater._kube import PODS, KubeClient, Resource
+from ungater._kueue import workload_resource
 from ungater._model import (
     ADMITTED,
     ObjectView,
@@ -28,14 +29,7 @@ from ungater._reflector import Reflector
 from ungater._state import KindRuntime, OwnerFacts, State, resource_version_number
 from ungater.plugin_api import ResourceSpec
 
-__all__ = ["KUEUE_GROUP", "EventHandlers", "workload_resource"]
-
-KUEUE_GROUP = "kueue.x-k8s.io"
-
-
-def workload_resource(version: str) -> Resource:
-    """Kueue's Workloads at one served version (``ungater._controller`` re-exports it)."""
-    return Resource(KUEUE_GROUP, version, "workloads", "Workload")
+__all__ = ["EventHandlers"]
 
 
 class EventHandlers:

@@ -18,6 +18,7 @@ from ungater._cache import OwnerKey
 from ungater._decision import Decision, PodFacts, Release, active_slice, decide
 from ungater._events import NORMAL, RELEASED, InvolvedObject, released_message
 from ungater._kube import PODS, Resource
+from ungater._kueue import workload_resource
 from ungater._metrics import seconds_since
 from ungater._model import (
     ADMITTED,
@@ -162,7 +163,7 @@ class Reconciler:
         the owner's slices as they are now (none when it cannot be read as one of ours)."""
         active = active_slice(slices)
         assert active is not None
-        res = Resource("kueue.x-k8s.io", self.s.workload_version, "workloads", "Workload")
+        res = workload_resource(self.s.workload_version)
         obj = await self.s.client.get(res, active.namespace, active.name)
         fresh = parse_workload(obj) if obj is not None else None
         if fresh is None or fresh.uid != active.uid:
