@@ -13,22 +13,24 @@ $(BIN)/python:
 
 # PYTHONWARNINGS: setuptools prints a boxed "editable installation" notice for every editable
 # install (a UserWarning in the build backend); it is noise to a newcomer, not a problem.
-$(STAMP): $(BIN)/python pyproject.toml examples/ungater-leaderworkerset/pyproject.toml
-	PYTHONWARNINGS=ignore::UserWarning $(BIN)/pip install -q -e '.[test]'
+# The runtime (with its test tools) and the dev tools (devtools/: the local control plane, the
+# demo and the pytest fixtures, a distribution of their own so that the runtime ships none of it).
+$(STAMP): $(BIN)/python pyproject.toml devtools/pyproject.toml examples/ungater-leaderworkerset/pyproject.toml
+	PYTHONWARNINGS=ignore::UserWarning $(BIN)/pip install -q -e '.[test]' -e devtools
 	PYTHONWARNINGS=ignore::UserWarning $(BIN)/pip install -q -e examples/ungater-leaderworkerset
 	touch $(STAMP)
 
 install: $(STAMP)
 
 control-plane: $(STAMP)
-	$(BIN)/python -m ungater.devcluster build
+	$(BIN)/python -m ungater_devtools.devcluster build
 
 # helm (for the chart tests) is built from Go modules too, cached like the control plane.
 helm: $(STAMP)
-	$(BIN)/python -m ungater.devcluster.helm build
+	$(BIN)/python -m ungater_devtools.devcluster.helm build
 
 manifests: helm
-	$(BIN)/python -m ungater.devcluster.helm render-manifests
+	$(BIN)/python -m ungater_devtools.devcluster.helm render-manifests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

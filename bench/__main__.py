@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     plane = None
     kubeconfig = args.kubeconfig
     if kubeconfig is None:
-        from ungater.devcluster.cluster import LocalControlPlane
+        from ungater_devtools.devcluster.cluster import LocalControlPlane
 
         print("starting the local control plane ...", file=sys.stderr, flush=True)
         plane = LocalControlPlane().start()

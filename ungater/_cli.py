@@ -1,4 +1,5 @@
-"""The ``ungater`` command line: run, check-config, plugins, explain, audit, dev-cluster, demo.
+"""The ``ungater`` command line: run, check-config, plugins, explain, audit (and, from the dev
+tools when installed, dev-cluster and demo).
 
 Thin by design: it parses arguments, loads the config, and hands over to the library. Errors
 are one line on stderr and a non-zero exit; ``--debug`` shows the traceback.
@@ -96,18 +97,55 @@ def _parser() -> argparse.ArgumentParser:
         help="exit 0 even when warnings are found (default: exit 3 then)",
     )
     cluster_args(audit)
-    state_help = "where the cluster keeps its state; default: a directory under the cache"
-    dev = command("dev-cluster", "a local kube-apiserver, etcd and Job controller")
-    dev.add_argument(
-        "action",
-        choices=["up", "down", "build"],
-        help="up: start (detached); down: stop; build: build or reuse the binaries",
-    )
-    dev.add_argument("--state-dir", type=Path, default=None, help=state_help)
-    demo = command("demo", "a narrated elastic-job scenario on a local dev cluster")
-    demo.add_argument("--state-dir", type=Path, default=None, help=state_help)
-    demo.add_argument("--fast", action="store_true", help="no pauses between steps")
+    for name, found in _extra_commands().items():
+        sp = command(name, found.help)
+        if not isinstance(found, _Missing):  # a missing one takes any arguments (see main)
+            found.add_arguments(sp)
+        sp.set_defaults(extra=found)
     return p
+
+
+#: commands the dev tools (devtools/, distribution ungater-devtools) provide; without them the
+#: CLI still knows these names and says how to get them
+_DEV_TOOLS_COMMANDS = {
+    "dev-cluster": "a local control plane with the real Kueue, KubeRay, JobSet (needs the dev tools)",
+    "demo": "a narrated elastic-job scenario on a local control plane (needs the dev tools)",
+}
+_INSTALL_DEV_TOOLS = (
+    "the dev tools are not installed: run `make install` in an ungater checkout "
+    "(or `pip install -e devtools` there)"
+)
+
+
+class _Missing:
+    """Stands in for a command no installed distribution provides, or one that failed to load."""
+
+    def __init__(self, name: str, help: str, why: str) -> None:
+        self.name, self.help, self.why = name, help, why
+
+    def run(self, args: argparse.Namespace) -> int:
+        raise CliError(f"`ungater {self.name}`: {self.why}", code=2)
+
+
+def _extra_commands() -> dict[str, Any]:
+    """The commands other distributions add through the ``ungater.commands`` entry point group
+    (objects with ``help``, ``add_arguments(parser)`` and ``run(args) -> int``), so that the
+    runtime ships no dev tooling and loads it only where it is installed. A name the CLI has
+    already is not replaced; one that fails to load becomes a command reporting why."""
+    from importlib.metadata import entry_points
+
+    found: dict[str, Any] = {
+        name: _Missing(name, text, _INSTALL_DEV_TOOLS) for name, text in _DEV_TOOLS_COMMANDS.items()
+    }
+    for ep in entry_points(group="ungater.commands"):
+        if ep.name in COMMANDS:
+            continue
+        try:
+            found[ep.name] = ep.load()
+        except Exception as exc:  # a broken install must not break `ungater run`
+            why = f"cannot load it from {ep.value}: {type(exc).__name__}: {exc}"
+            found[ep.name] = _Missing(ep.name, f"(broken: {exc})", why)
+    return found
 
 
 def _load(path: Path | None) -> Config:
@@ -300,43 +338,26 @@ async def _audit(args: argparse.Namespace, config: Config) -> int:
     return 3 if warnings and not args.exit_zero else 0
 
 
-def cmd_dev_cluster(args: argparse.Namespace) -> int:
-    from ungater.devcluster import detached
-
-    if args.action == "up":
-        return detached.dev_cluster_up(args.state_dir)
-    if args.action == "down":
-        return detached.dev_cluster_down(args.state_dir)
-    from ungater.devcluster.__main__ import main as dev_main
-
-    return dev_main(["build"])
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from ungater.demo import run_demo
-
-    return run_demo(args.state_dir, fast=args.fast)
-
-
 COMMANDS = {
     "run": cmd_run,
     "check-config": cmd_check_config,
     "plugins": cmd_plugins,
     "explain": cmd_explain,
     "audit": cmd_audit,
-    "dev-cluster": cmd_dev_cluster,
-    "demo": cmd_demo,
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not isinstance(getattr(args, "extra", None), _Missing):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if not args.command:
         parser.print_help()
         return 2
     try:
-        code: int = COMMANDS[args.command](args)
+        extra = getattr(args, "extra", None)
+        code: int = extra.run(args) if extra is not None else COMMANDS[args.command](args)
         return code
     except CliError as exc:
         if args.debug:

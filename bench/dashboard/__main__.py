@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from bench.dashboard import record, render
-from ungater.devcluster.gotool import ensure_go_tool
+from ungater_devtools.devcluster.gotool import ensure_go_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "helm" / "ungater" / "dashboards" / "ungater.json"

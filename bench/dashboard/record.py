@@ -128,8 +128,8 @@ class Scraper(threading.Thread):
 
 
 def record(out: Path, *, say: Callable[[str], None] = print) -> None:
-    from ungater.devcluster.cluster import LocalControlPlane
-    from ungater.devcluster.peers import create_default_flavor, create_queues, set_quota
+    from ungater_devtools.devcluster.cluster import LocalControlPlane
+    from ungater_devtools.devcluster.peers import create_default_flavor, create_queues, set_quota
 
     out.mkdir(parents=True, exist_ok=True)
     with LocalControlPlane(peers=True) as plane:

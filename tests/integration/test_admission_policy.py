@@ -24,7 +24,7 @@ from tests.objects import GATE, PODS
 from tests.polling import eventually
 from ungater._guard import BINDINGS, POLICIES, GateGuard, check_guards
 from ungater._kube import ApiError, Resource, connect
-from ungater.devcluster import helm as helm_tool
+from ungater_devtools.devcluster import helm as helm_tool
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -188,7 +188,7 @@ def test_chart_schema_refuses_a_bad_admission_policy(helm: Path) -> None:  # noq
 if __name__ == "__main__":
     found = helm_tool.find_helm()
     if found is None:
-        sys.exit("no helm: python -m ungater.devcluster.helm build")
+        sys.exit("no helm: python -m ungater_devtools.devcluster.helm build")
     OPTIONAL.parent.mkdir(parents=True, exist_ok=True)
     OPTIONAL.write_text(render_policy(found))
     print(f"wrote {OPTIONAL}")

@@ -16,8 +16,8 @@ from typing import Any
 import anyio
 import pytest
 
-from ungater.devcluster import versions
-from ungater.devcluster.cluster import LocalControlPlane
+from ungater_devtools.devcluster import versions
+from ungater_devtools.devcluster.cluster import LocalControlPlane
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +84,7 @@ def test_jobset_and_raycluster_crds_are_established(
 
 
 def test_installing_the_crds_again_replaces_them(control_plane: LocalControlPlane) -> None:
-    from ungater.devcluster.build import ensure_crds
+    from ungater_devtools.devcluster.build import ensure_crds
 
     names = control_plane.install_crds(ensure_crds())
     assert sorted(names) == [

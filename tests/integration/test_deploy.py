@@ -3,7 +3,7 @@ template``) and the plain manifests pass a strict server-side dry run, and the c
 applied for real and bound to a client-certificate user, is enough to run the controller through
 a release and too little to delete pods or read secrets.
 
-helm is built from its Go module (``ungater.devcluster.helm``). When it cannot be had, the
+helm is built from its Go module (``ungater_devtools.devcluster.helm``). When it cannot be had, the
 chart tests skip with the reason, and the RBAC tests take the roles from the committed plain
 manifests instead, which the chart tests otherwise prove equal to the chart's output.
 """
@@ -47,8 +47,8 @@ from tests.unit.test_deploy_render import (
 )
 from ungater._config import Config
 from ungater._kube import ApiClientKube, ApiError, Resource, connect
-from ungater.devcluster import helm as helm_tool
-from ungater.devcluster.versions import KUBERNETES_VERSION
+from ungater_devtools.devcluster import helm as helm_tool
+from ungater_devtools.devcluster.versions import KUBERNETES_VERSION
 
 pytestmark = pytest.mark.integration
 
@@ -172,7 +172,7 @@ def test_plain_manifests_are_the_chart_rendered(helm: Path) -> None:
     fresh = helm_tool.render_plain_manifests(helm, CHART, KUBERNETES_VERSION)
     chart = {_key(o): o for o in load_documents(fresh.values())}
     plain = {_key(o): o for o in plain_objects()}
-    regen = "run `python -m ungater.devcluster.helm render-manifests` and commit deploy/manifests"
+    regen = "run `python -m ungater_devtools.devcluster.helm render-manifests` and commit deploy/manifests"
     for kind in ("ClusterRole", "Role"):
         assert [o["rules"] for o in by_kind(chart.values(), kind)] == [
             o["rules"] for o in by_kind(plain.values(), kind)

@@ -26,8 +26,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 @pytest.fixture(scope="module")
 def kubectl(control_plane: Any) -> Path:
-    from ungater.devcluster.build import ControlPlaneUnavailable
-    from ungater.devcluster.kubectlbuild import ensure_kubectl
+    from ungater_devtools.devcluster.build import ControlPlaneUnavailable
+    from ungater_devtools.devcluster.kubectlbuild import ensure_kubectl
 
     try:
         return ensure_kubectl()

@@ -25,7 +25,7 @@ helm = test_deploy.helm  # the fixture: helm built once into the tools cache
 @pytest.fixture(scope="module")
 def rulecheck() -> Path:
     from tests.tools.rulecheck import ensure_rulecheck
-    from ungater.devcluster.build import ControlPlaneUnavailable
+    from ungater_devtools.devcluster.build import ControlPlaneUnavailable
 
     try:
         return ensure_rulecheck()

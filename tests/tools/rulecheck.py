@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ungater.devcluster.gotool import ensure_go_tool
+from ungater_devtools.devcluster.gotool import ensure_go_tool
 
 __all__ = ["PROMETHEUS_MODULE", "PROMETHEUS_VERSION", "ensure_rulecheck"]
 

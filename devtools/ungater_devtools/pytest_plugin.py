@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import pytest
 
 if TYPE_CHECKING:
-    from ungater.devcluster.cluster import LocalControlPlane
+    from ungater_devtools.devcluster.cluster import LocalControlPlane
 
 __all__ = ["control_plane", "kube_namespace", "kueue_cluster", "kueue_namespace"]
 
 _HOW_TO_GET = (
-    "build the binaries once with `python -m ungater.devcluster build` "
+    "build the binaries once with `python -m ungater_devtools.devcluster build` "
     "(needs Go and the Go module proxy; takes a while on first run)"
 )
 _ACTIVE: list[LocalControlPlane] = []
@@ -61,14 +61,20 @@ def _started_plane(request: pytest.FixtureRequest, *, peers: bool) -> Iterator[L
     if mode == "skip" and not _in_ci():
         pytest.skip(f"UNGATER_CONTROL_PLANE=skip; {_HOW_TO_GET}")
     try:
-        from ungater.devcluster.build import ControlPlaneUnavailable, ensure_binaries, find_binaries
-        from ungater.devcluster.cluster import ControlPlaneStartError, LocalControlPlane
-    except ImportError as exc:  # e.g. `cryptography` missing: the `devcluster` extra
+        from ungater_devtools.devcluster.build import (
+            ControlPlaneUnavailable,
+            ensure_binaries,
+            find_binaries,
+        )
+        from ungater_devtools.devcluster.cluster import ControlPlaneStartError, LocalControlPlane
+    except ImportError as exc:  # e.g. `cryptography` missing from a partial install
         missing = str(exc)
     else:
         missing = ""
     if missing:
-        _unavailable(f"cannot import the control plane ({missing}); install ungater[devcluster]")
+        _unavailable(
+            f"cannot import the control plane ({missing}); install ungater-devtools (`pip install -e devtools`)"
+        )
 
     reason: str | None = None
     capture: Any = request.config.pluginmanager.getplugin("capturemanager")
@@ -95,7 +101,7 @@ def _started_plane(request: pytest.FixtureRequest, *, peers: bool) -> Iterator[L
 
     peer_options: dict[str, Any] = {}
     if peers:
-        from ungater.devcluster.peerbuild import PeersUnavailable, ensure_peers, find_peers
+        from ungater_devtools.devcluster.peerbuild import PeersUnavailable, ensure_peers, find_peers
 
         found = find_peers()
         if found is None and mode == "reuse" and not _in_ci():
@@ -124,7 +130,7 @@ def _started_plane(request: pytest.FixtureRequest, *, peers: bool) -> Iterator[L
     if failure is not None:
         pytest.fail(f"local control plane did not start: {failure}", pytrace=False)
     if peers:
-        from ungater.devcluster.peers import create_default_flavor
+        from ungater_devtools.devcluster.peers import create_default_flavor
 
         create_default_flavor(plane)
         if plane.peers is not None:
@@ -174,7 +180,7 @@ def kueue_namespace(
     """A fresh namespace on the Kueue cluster with a LocalQueue ``user-queue`` pointing at a
     ClusterQueue of its own (6 CPUs of ``default-flavor`` unless the test is marked
     ``@pytest.mark.kueue_quota(cpu=N)``); all three are deleted afterwards."""
-    from ungater.devcluster.peers import create_queues, delete_queues
+    from ungater_devtools.devcluster.peers import create_queues, delete_queues
 
     marker = request.node.get_closest_marker("kueue_quota")
     cpu = int(marker.kwargs.get("cpu", 6)) if marker is not None else 6

@@ -1,4 +1,4 @@
-"""A long-lived dev cluster for manual work: ``python -m ungater.devcluster up|down``.
+"""A long-lived dev cluster for manual work: ``python -m ungater_devtools.devcluster up|down``.
 
 Unlike the test fixture, these processes outlive the Python process that started them.  Their
 pids, ports and command lines are recorded in ``<state_dir>/pids.json`` so that ``down`` (from
@@ -77,7 +77,7 @@ def dev_cluster_status(state_dir: Path | None = None) -> str:
     return "broken"
 
 
-def _usage(directory: Path, record: dict[str, Any]) -> str:
+def _usage(directory: Path, record: dict[str, Any], stop_command: str) -> str:
     kubeconfig = directory / "kubeconfig"
     lines = [
         f"kube-apiserver {record.get('kubernetes_version', '')} at {record.get('server_url')}",
@@ -87,26 +87,32 @@ def _usage(directory: Path, record: dict[str, Any]) -> str:
         f"  export KUBECONFIG={kubeconfig}",
         "  ungater run",
         "stop it with:",
-        f"  python -m ungater.devcluster down --state-dir {directory}",
+        f"  {stop_command} --state-dir {directory}",
     ]
     return "\n".join(lines)
 
 
-def dev_cluster_up(state_dir: Path | None = None, *, peers: bool = True) -> int:
+def dev_cluster_up(
+    state_dir: Path | None = None,
+    *,
+    peers: bool = True,
+    stop_command: str = "ungater dev-cluster down",
+) -> int:
     """Start a detached dev cluster (or report the running one); returns an exit code.
 
     With ``peers`` (the default) the real Kueue, KubeRay operator and JobSet controller run
-    in it too, and a ResourceFlavor ``default-flavor`` exists.
+    in it too, and a ResourceFlavor ``default-flavor`` exists. ``stop_command`` is printed as
+    the way to stop it: the same command line the user started it with.
     """
-    from ungater.devcluster.build import ControlPlaneUnavailable
-    from ungater.devcluster.cluster import ControlPlaneStartError, LocalControlPlane
+    from ungater_devtools.devcluster.build import ControlPlaneUnavailable
+    from ungater_devtools.devcluster.cluster import ControlPlaneStartError, LocalControlPlane
 
     directory = state_dir or default_state_dir()
     status = dev_cluster_status(directory)
     if status == "running":
         record = _read_record(directory) or {}
         print("dev cluster already running")
-        print(_usage(directory, record))
+        print(_usage(directory, record, stop_command))
         return 0
     if status == "broken":
         print("dev cluster half running; stopping what is left before starting anew")
@@ -124,7 +130,7 @@ def dev_cluster_up(state_dir: Path | None = None, *, peers: bool = True) -> int:
     try:
         plane.start()
         if peers:
-            from ungater.devcluster.peers import create_default_flavor
+            from ungater_devtools.devcluster.peers import create_default_flavor
 
             create_default_flavor(plane)
     except (ControlPlaneUnavailable, ControlPlaneStartError) as exc:
@@ -147,13 +153,13 @@ def dev_cluster_up(state_dir: Path | None = None, *, peers: bool = True) -> int:
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     tmp.replace(directory / _PIDS)
     print("dev cluster started")
-    print(_usage(directory, record))
+    print(_usage(directory, record, stop_command))
     return 0
 
 
 def dev_cluster_down(state_dir: Path | None = None, *, quiet: bool = False) -> int:
     """Stop the processes recorded in ``pids.json`` (newest first); returns an exit code."""
-    from ungater.devcluster.cluster import terminate_pid
+    from ungater_devtools.devcluster.cluster import terminate_pid
 
     directory = state_dir or default_state_dir()
     record = _read_record(directory)

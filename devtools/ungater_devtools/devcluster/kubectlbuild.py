@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ungater.devcluster import versions
-from ungater.devcluster.build import (
+from ungater_devtools.devcluster import versions
+from ungater_devtools.devcluster.build import (
     ControlPlaneUnavailable,
     build_dir,
     ensure_binaries,

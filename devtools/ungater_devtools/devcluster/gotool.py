@@ -16,8 +16,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ungater.devcluster.build import ControlPlaneUnavailable, file_lock
-from ungater.devcluster.helm import tools_root
+from ungater_devtools.devcluster.build import ControlPlaneUnavailable, file_lock
+from ungater_devtools.devcluster.helm import tools_root
 
 __all__ = ["ensure_go_tool"]
 
@@ -49,7 +49,7 @@ def ensure_go_tool(name: str, source: Path, module: str, version: str, go_direct
         src.mkdir(exist_ok=True)
         shutil.copyfile(source, src / "main.go")
         (src / "go.mod").write_text(
-            f"// written by ungater.devcluster.gotool; lives in the tools cache only\n"
+            f"// written by ungater_devtools.devcluster.gotool; lives in the tools cache only\n"
             f"module ungater.invalid/{name}\n\ngo {go_directive}\n\nrequire {module} {version}\n"
         )
         env = {**os.environ, "CGO_ENABLED": "0", "GOTOOLCHAIN": "local", "GOWORK": "off"}

@@ -302,7 +302,7 @@ class Scenario:
 
 
 def run_demo(state_dir: Path | None = None, fast: bool = False) -> int:
-    from ungater.devcluster.cluster import LocalControlPlane
+    from ungater_devtools.devcluster.cluster import LocalControlPlane
 
     say("ungater demo: a real kube-apiserver, etcd, Job controller and Kueue v0.17.0 on 127.0.0.1.")
     say("Starting them (the first run builds them from Go modules; then about a minute) ...")

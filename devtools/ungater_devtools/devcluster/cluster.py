@@ -30,10 +30,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from ungater.devcluster.build import Binaries, ensure_binaries, ensure_crds
+from ungater_devtools.devcluster.build import Binaries, ensure_binaries, ensure_crds
 
 if TYPE_CHECKING:
-    from ungater.devcluster.peers import Peers
+    from ungater_devtools.devcluster.peers import Peers
 
 __all__ = [
     "DEFAULT_CONTROLLERS",
@@ -200,7 +200,7 @@ class LocalControlPlane:
         peers: Sequence[str] | bool = False,
         peer_options: dict[str, Any] | None = None,
     ) -> None:
-        from ungater.devcluster.peers import PEER_NAMES
+        from ungater_devtools.devcluster.peers import PEER_NAMES
 
         self._binaries = binaries
         self._peer_names: tuple[str, ...] = (
@@ -325,7 +325,7 @@ class LocalControlPlane:
             if self._controllers:
                 self._start_controller_manager(binaries)
             if self._peer_names:
-                from ungater.devcluster.peers import Peers
+                from ungater_devtools.devcluster.peers import Peers
 
                 self.peers = Peers(self, self._peer_names, **self._peer_options)
                 # the peers install these themselves (Kueue's with its conversion webhook)
@@ -381,7 +381,7 @@ class LocalControlPlane:
 
     # ----------------------------------------------------------------- setup
     def _prepare(self) -> None:
-        from ungater.devcluster import pki
+        from ungater_devtools.devcluster import pki
 
         self._state_dir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
@@ -536,7 +536,7 @@ class LocalControlPlane:
         self._wait_for("kube-apiserver", ready, "kube-apiserver /readyz")
 
     def _write_admin_kubeconfig(self) -> None:
-        from ungater.devcluster import pki
+        from ungater_devtools.devcluster import pki
 
         pki.write_kubeconfig(
             self.kubeconfig_path,
@@ -547,7 +547,7 @@ class LocalControlPlane:
         )
 
     def _start_controller_manager(self, binaries: Binaries) -> None:
-        from ungater.devcluster import pki
+        from ungater_devtools.devcluster import pki
 
         kubeconfig = pki.write_kubeconfig(
             self._state_dir / "kube-controller-manager.kubeconfig",
@@ -678,7 +678,7 @@ class LocalControlPlane:
         self, user: str, groups: Sequence[str] = (), *, namespace: str | None = None
     ) -> Path:
         """A kubeconfig authenticating as ``user`` in ``groups`` by client certificate."""
-        from ungater.devcluster import pki
+        from ungater_devtools.devcluster import pki
 
         ca = pki.CertificateAuthority.load(self.pki_dir)
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in user)

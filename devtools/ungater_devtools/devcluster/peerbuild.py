@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ungater.devcluster import versions
-from ungater.devcluster.build import (
+from ungater_devtools.devcluster import versions
+from ungater_devtools.devcluster.build import (
     ControlPlaneUnavailable,
     build_dir,
     cache_root,

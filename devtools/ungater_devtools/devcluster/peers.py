@@ -12,7 +12,7 @@ plane's state directory; the processes are the control plane's, stopped with it 
 Kueue runs with internal certificate management on (its default).  With it off, v0.17.0 insists
 on a metrics certificate at the fixed path ``/etc/kueue/metrics/certs``; with it on, the metrics
 server uses a self-signed certificate in memory, and the certificate rotator adopts the Secret
-this module writes (see :class:`ungater.devcluster.pki.WebhookAuthority`) instead of making a
+this module writes (see :class:`ungater_devtools.devcluster.pki.WebhookAuthority`) instead of making a
 certificate for a Service name the API server cannot reach here.
 """
 
@@ -27,11 +27,11 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ungater.devcluster import versions
-from ungater.devcluster.peerbuild import PeerBinary, ensure_peers
+from ungater_devtools.devcluster import versions
+from ungater_devtools.devcluster.peerbuild import PeerBinary, ensure_peers
 
 if TYPE_CHECKING:
-    from ungater.devcluster.cluster import LocalControlPlane
+    from ungater_devtools.devcluster.cluster import LocalControlPlane
 
 __all__ = [
     "DEFAULT_FLAVOR",
@@ -297,7 +297,7 @@ class Peers:
     # ----------------------------------------------------------------- API helpers
     def _apply(self, obj: dict[str, Any]) -> None:
         """Create ``obj`` (or replace it when it exists) as the admin."""
-        from ungater.devcluster.cluster import ControlPlaneStartError
+        from ungater_devtools.devcluster.cluster import ControlPlaneStartError
 
         path = _collection_path(obj)
         status, body = self.plane.request("POST", path, obj, timeout=30)
@@ -317,8 +317,8 @@ class Peers:
         self._apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
 
     def _token_kubeconfig(self, peer: str, namespace: str, account: str) -> Path:
-        from ungater.devcluster import pki
-        from ungater.devcluster.cluster import ControlPlaneStartError
+        from ungater_devtools.devcluster import pki
+        from ungater_devtools.devcluster.cluster import ControlPlaneStartError
 
         status, body = self.plane.request(
             "POST",
@@ -346,8 +346,8 @@ class Peers:
     # ----------------------------------------------------------------- start
     def start(self) -> None:
         """Install everything, start the peers and wait until each is ready (bounded)."""
-        from ungater.devcluster import pki
-        from ungater.devcluster.cluster import free_port
+        from ungater_devtools.devcluster import pki
+        from ungater_devtools.devcluster.cluster import free_port
 
         started = time.monotonic()
         bins = self.binaries

@@ -13,13 +13,13 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ungater.devcluster.build import (
+    from ungater_devtools.devcluster.build import (
         Binaries,
         ControlPlaneUnavailable,
         ensure_binaries,
         ensure_crds,
     )
-    from ungater.devcluster.cluster import ControlPlaneStartError, LocalControlPlane
+    from ungater_devtools.devcluster.cluster import ControlPlaneStartError, LocalControlPlane
 
 __all__ = [
     "Binaries",
@@ -31,12 +31,12 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Binaries": "ungater.devcluster.build",
-    "ControlPlaneUnavailable": "ungater.devcluster.build",
-    "ensure_binaries": "ungater.devcluster.build",
-    "ensure_crds": "ungater.devcluster.build",
-    "ControlPlaneStartError": "ungater.devcluster.cluster",
-    "LocalControlPlane": "ungater.devcluster.cluster",
+    "Binaries": "ungater_devtools.devcluster.build",
+    "ControlPlaneUnavailable": "ungater_devtools.devcluster.build",
+    "ensure_binaries": "ungater_devtools.devcluster.build",
+    "ensure_crds": "ungater_devtools.devcluster.build",
+    "ControlPlaneStartError": "ungater_devtools.devcluster.cluster",
+    "LocalControlPlane": "ungater_devtools.devcluster.cluster",
 }
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ungater.devcluster.build import file_lock
+from ungater_devtools.devcluster.build import file_lock
 
 __all__ = [
     "HELM_MODULE",
@@ -346,7 +346,7 @@ PLAIN_FILES: dict[str, tuple[str, ...]] = {
     "30-controller.yaml": ("Deployment", "Service", "PodDisruptionBudget"),
 }
 _HEADER = (
-    "# Generated from deploy/helm/ungater by `python -m ungater.devcluster.helm render-manifests`:\n"
+    "# Generated from deploy/helm/ungater by `python -m ungater_devtools.devcluster.helm render-manifests`:\n"
     "# helm template {release} --namespace {namespace} --set {values}\n"
     "# Do not edit by hand: change the chart and render again. tests/integration/test_deploy.py\n"
     "# checks that these files and the chart agree.\n"
@@ -404,11 +404,11 @@ def render_plain_manifests(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m ungater.devcluster.helm [build | render-manifests [--deploy-dir DIR]]``."""
+    """``python -m ungater_devtools.devcluster.helm [build | render-manifests [--deploy-dir DIR]]``."""
     import argparse
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m ungater.devcluster.helm")
+    parser = argparse.ArgumentParser(prog="python -m ungater_devtools.devcluster.helm")
     parser.add_argument("action", nargs="?", default="build", choices=["build", "render-manifests"])
     parser.add_argument("--deploy-dir", type=Path, default=Path("deploy"))
     args = parser.parse_args(argv)
@@ -418,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.action == "build":
         print(path)
         return 0
-    from ungater.devcluster.versions import KUBERNETES_VERSION
+    from ungater_devtools.devcluster.versions import KUBERNETES_VERSION
 
     files = render_plain_manifests(path, args.deploy_dir / "helm" / "ungater", KUBERNETES_VERSION)
     out = args.deploy_dir / "manifests"

@@ -1,4 +1,4 @@
-"""Command line of the local control plane: ``python -m ungater.devcluster build|up|down``.
+"""Command line of the local control plane: ``python -m ungater_devtools.devcluster build|up|down``.
 
 ``build`` compiles (or reuses) the control plane's and the peer controllers' binaries and
 fetches the CRDs, printing what it did and how
@@ -14,7 +14,7 @@ from pathlib import Path
 
 
 def _build(args: argparse.Namespace) -> int:
-    from ungater.devcluster import build
+    from ungater_devtools.devcluster import build
 
     def say(message: str) -> None:
         print(message, flush=True)
@@ -38,7 +38,7 @@ def _build(args: argparse.Namespace) -> int:
         print(f"  recorded build timings: {recorded} (go {stamp.get('go', '?')})")
     print(f"{len(crds)} CRD manifests in the Go module cache")
     if not args.no_peers:
-        from ungater.devcluster import peerbuild
+        from ungater_devtools.devcluster import peerbuild
 
         try:
             peers = peerbuild.ensure_peers(build=not args.no_build, log=say)
@@ -58,20 +58,24 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from ungater.devcluster.detached import dev_cluster_up
+    from ungater_devtools.devcluster.detached import dev_cluster_up
 
-    return dev_cluster_up(args.state_dir, peers=not args.no_peers)
+    return dev_cluster_up(
+        args.state_dir,
+        peers=not args.no_peers,
+        stop_command="python -m ungater_devtools.devcluster down",
+    )
 
 
 def _down(args: argparse.Namespace) -> int:
-    from ungater.devcluster.detached import dev_cluster_down
+    from ungater_devtools.devcluster.detached import dev_cluster_down
 
     return dev_cluster_down(args.state_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m ungater.devcluster",
+        prog="python -m ungater_devtools.devcluster",
         description="Local Kubernetes control plane built from Go modules.",
     )
     sub = parser.add_subparsers(dest="command", required=True)

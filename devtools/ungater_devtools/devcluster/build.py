@@ -2,7 +2,7 @@
 
 No kube-apiserver ships on PyPI or in Debian, but Go and the Go module proxy are at hand, so
 the binaries are compiled once into a cache directory outside the repository, keyed by the
-pinned versions (see :mod:`ungater.devcluster.versions`), and reused afterwards.
+pinned versions (see :mod:`ungater_devtools.devcluster.versions`), and reused afterwards.
 
 Kubernetes' own ``go.mod`` points every ``k8s.io/<staging>`` module at ``./staging/...``
 with a ``v0.0.0`` requirement, which only works inside its repository.  The build therefore
@@ -32,7 +32,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ungater.devcluster import versions
+from ungater_devtools.devcluster import versions
 
 __all__ = [
     "Binaries",
@@ -371,7 +371,7 @@ def _render_go_mod(
     tools: list[str],
 ) -> str:
     template = string.Template(
-        resources.files("ungater.devcluster").joinpath("wrapper_gomod.go.tmpl").read_text()
+        resources.files("ungater_devtools.devcluster").joinpath("wrapper_gomod.go.tmpl").read_text()
     )
     replace = ""
     if replacements:
