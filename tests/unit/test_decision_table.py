@@ -15,6 +15,7 @@ from ungater._decision import (
     PodFacts,
     active_slice,
     decide,
+    gated_by_reason,
     order_slices,
     pod_set_caps,
 )
@@ -873,3 +874,129 @@ def test_owner_size_above_the_slice_or_unnamed_changes_nothing() -> None:
         "other": (1, None),  # not named by the plugin: the slice alone bounds it
     }
     assert decide(slices, pods, GATE, desired={"main": 0}).released_names == []
+
+
+# -- the bound in the cap-reached reason (rows that kill mutants of ``_bound``) ---------------
+
+BOUND_CASES = [
+    pytest.param(
+        {"main": 2},
+        None,
+        2,
+        2,
+        [],
+        "cap reached (2 of 2 released)",
+        id="owner-size-equal-to-the-slice-is-no-news",  # it bounds nothing the slice does not
+    ),
+    pytest.param(
+        {"main": 4},
+        None,
+        3,
+        2,
+        ["p0"],
+        "cap reached (3 of 3 released; the owner wants 3 of the 4 admitted)",
+        id="owner-size-one-below-the-slice-says-so",
+    ),
+    pytest.param(
+        {"main": 2},
+        {"main": 3},
+        1,
+        0,
+        ["p0"],
+        "cap reached (1 of 1 released; the owner wants 1 of the 2 admitted)",
+        id="slice-bound-is-min-of-spec-and-admitted",  # partial admission or in-place lowering
+    ),
+    pytest.param(
+        {"main": "absent"},
+        {"main": None},
+        0,
+        0,
+        [],
+        "cap reached (0 of 0 released)",
+        id="no-slice-count-at-all-owner-at-zero",  # malformed slice: no count to compare with
+    ),
+    pytest.param(
+        {"main": "absent"},
+        {"main": None},
+        2,
+        0,
+        [],
+        "cap reached (0 of 0 released)",
+        id="no-slice-count-at-all-owner-wants-two",  # the problem field says why, not the bound
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("spec", "admitted", "desired", "running", "released", "reason"), BOUND_CASES
+)
+def test_cap_reached_reason_names_the_owner_bound_only_when_it_binds(
+    spec: dict[str, Any],
+    admitted: dict[str, Any] | None,
+    desired: int,
+    running: int,
+    released: list[str],
+    reason: str,
+) -> None:
+    from tests.unit.builders import _ABSENT
+
+    pod_sets = {k: _ABSENT if v == "absent" else v for k, v in spec.items()}
+    kw: dict[str, Any] = {"pod_sets": pod_sets}
+    if admitted is not None:
+        kw["admitted"] = admitted
+    ran = [facts(f"r{i}", created=i, gates=(), phase="Running") for i in range(running)]
+    d = decide([wl_view(**kw)], [*ran, *_gated(2)], GATE, desired={"main": desired})
+    assert d.released_names == released
+    (report,) = d.pod_sets
+    assert {w.reason for w in report.waiting} == {reason}
+
+
+# -- gated pods by reason (the ``ungater_gated_pods`` gauge's numbers) -------------------------
+
+GATED_CASES = [
+    pytest.param(
+        [dict(pod_sets={"main": 1})],
+        [facts("r0", gates=(), phase="Running"), *_gated(3)],
+        {"capacity": 3},
+        id="three-wait-for-capacity",  # counts above one: each waiting pod counted once
+    ),
+    pytest.param(
+        [dict(pod_sets={"main": 3})],
+        [facts("r0", gates=(), phase="Running"), *_gated(3)],
+        {"capacity": 1},
+        id="the-pods-released-now-do-not-wait",
+    ),
+    pytest.param(
+        [dict(pod_sets={"main": 1})],
+        [
+            facts("r0", gates=(), phase="Running"),
+            *_gated(2),
+            facts("dead", phase="Failed"),
+            facts("going", deleting=True),
+            facts("u", ownership=Ownership.UNRESOLVED),
+            facts("ghost", pod_set="ghost"),
+            facts("alien", ownership=Ownership.FOREIGN),
+        ],
+        {"capacity": 2, "ownership-unresolved": 1, "unmapped": 2},
+        id="ended-pods-are-not-waiting-the-others-by-code",
+    ),
+    pytest.param(
+        [dict(pod_sets={"main": 1}, conditions=["Admitted", "Finished"])],
+        _gated(2),
+        {"capacity": 2},
+        id="no-active-slice-all-wait-for-capacity",
+    ),
+    pytest.param(
+        [dict(pod_sets={"main": 2})],
+        [facts("dead", phase="Failed"), facts("going", deleting=True)],
+        {},
+        id="only-ended-pods-nothing-waits",
+    ),
+]
+
+
+@pytest.mark.parametrize(("slices", "pods", "counts"), GATED_CASES)
+def test_gated_by_reason_counts_each_waiting_pod_once_by_code(
+    slices: list[dict[str, Any]], pods: list[PodFacts], counts: dict[str, int]
+) -> None:
+    assert gated_by_reason(decide(_views(slices), pods, GATE)) == counts
