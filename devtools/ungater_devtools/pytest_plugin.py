@@ -16,8 +16,9 @@ from __future__ import annotations
 import os
 import re
 import secrets
-from collections.abc import Generator, Iterator
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Callable, Generator, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import pytest
 
@@ -31,6 +32,7 @@ _HOW_TO_GET = (
     "(needs Go and the Go module proxy; takes a while on first run)"
 )
 _ACTIVE: list[LocalControlPlane] = []
+T = TypeVar("T")
 
 
 def _in_ci() -> bool:
@@ -73,10 +75,10 @@ def _started_plane(request: pytest.FixtureRequest, *, peers: bool) -> Iterator[L
         missing = ""
     if missing:
         _unavailable(
-            f"cannot import the control plane ({missing}); install ungater-devtools (`pip install -e devtools`)"
+            f"cannot import the control plane ({missing}); "
+            "install ungater-devtools (`pip install -e devtools`)"
         )
 
-    reason: str | None = None
     capture: Any = request.config.pluginmanager.getplugin("capturemanager")
     reporter: Any = request.config.pluginmanager.getplugin("terminalreporter")
 
@@ -84,40 +86,29 @@ def _started_plane(request: pytest.FixtureRequest, *, peers: bool) -> Iterator[L
         if reporter is not None:
             reporter.write_line(f"[ungater control plane] {message}")
 
-    binaries = find_binaries()
-    if binaries is None and mode == "reuse" and not _in_ci():
-        _unavailable("UNGATER_CONTROL_PLANE=reuse and no cached build")
-    if binaries is None:
-        try:
-            if capture is not None:
-                with capture.global_and_fixture_disabled():
-                    binaries = ensure_binaries(log=say)
-            else:
-                binaries = ensure_binaries(log=say)
-        except ControlPlaneUnavailable as exc:
-            reason = str(exc)
-    if binaries is None:
-        _unavailable(reason or "no binaries")
-
+    binaries = _built_or_reused(
+        "the control plane",
+        find_binaries,
+        ensure_binaries,
+        ControlPlaneUnavailable,
+        mode,
+        say,
+        capture,
+    )
     peer_options: dict[str, Any] = {}
     if peers:
-        from ungater_devtools.devcluster.peerbuild import PeersUnavailable, ensure_peers, find_peers
+        from ungater_devtools.devcluster.peerbuild import (
+            PeersUnavailable,
+            ensure_peers,
+            find_peers,
+        )
 
-        found = find_peers()
-        if found is None and mode == "reuse" and not _in_ci():
-            _unavailable("UNGATER_CONTROL_PLANE=reuse and no cached build of the peers")
-        if found is None:
-            try:
-                if capture is not None:
-                    with capture.global_and_fixture_disabled():
-                        found = ensure_peers(log=say)
-                else:
-                    found = ensure_peers(log=say)
-            except PeersUnavailable as exc:
-                _unavailable(str(exc))
-        peer_options["binaries"] = found
+        peer_options["binaries"] = _built_or_reused(
+            "the peers", find_peers, ensure_peers, PeersUnavailable, mode, say, capture
+        )
 
     plane = LocalControlPlane(binaries, peers=peers, peer_options=peer_options)
+    reason: str | None = None
     failure: str | None = None
     try:
         plane.start()
@@ -135,18 +126,43 @@ def _started_plane(request: pytest.FixtureRequest, *, peers: bool) -> Iterator[L
         create_default_flavor(plane)
         if plane.peers is not None:
             timings = ", ".join(f"{k} {v}s" for k, v in plane.peers.seconds.items())
-            message = f"peers {', '.join(plane.peers.names)} up (seconds since start: {timings})"
-            if capture is not None:
-                with capture.global_and_fixture_disabled():
-                    say(message)
-            else:
-                say(message)
+            with _uncaptured(capture):
+                say(f"peers {', '.join(plane.peers.names)} up (seconds since start: {timings})")
     _ACTIVE.append(plane)
     try:
         yield plane
     finally:
         _ACTIVE.remove(plane)
         plane.stop()
+
+
+def _uncaptured(capture: Any) -> AbstractContextManager[object]:
+    """Past pytest's capture, so that a long build's progress shows while it runs."""
+    return capture.global_and_fixture_disabled() if capture is not None else nullcontext()
+
+
+def _built_or_reused(
+    what: str,
+    find: Callable[[], T | None],
+    ensure: Callable[..., T],
+    unavailable: type[Exception],
+    mode: str,
+    say: Callable[[str], None],
+    capture: Any,
+) -> T:
+    """The cached build of ``what``, else a new one (progress shown past the capture); under
+    ``UNGATER_CONTROL_PLANE=reuse`` outside CI never a build. Skips or fails (CI) the test
+    when it cannot be had. One function for the control plane's binaries and the peers'."""
+    found = find()
+    if found is not None:
+        return found
+    if mode == "reuse" and not _in_ci():
+        _unavailable(f"UNGATER_CONTROL_PLANE=reuse and no cached build of {what}")
+    try:
+        with _uncaptured(capture):
+            return ensure(log=say)
+    except unavailable as exc:
+        _unavailable(str(exc))
 
 
 def _namespace_name(node_name: str) -> str:

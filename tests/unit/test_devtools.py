@@ -139,3 +139,56 @@ def test_every_command_and_option_has_help_in_both_command_lines() -> None:
     broken = _parser()
     broken.add_argument("--undocumented")
     assert _undocumented(broken, "ungater") == ["ungater undocumented"]
+
+
+# -- the fixtures' one "build or reuse" step -------------------------------------------------
+
+
+class Unavailable(Exception):
+    pass
+
+
+def _build_or_reuse(mode: str, find: Any, ensure: Any) -> Any:
+    from ungater_devtools.pytest_plugin import _built_or_reused
+
+    said: list[str] = []
+    return _built_or_reused("the thing", find, ensure, Unavailable, mode, said.append, None)
+
+
+def test_a_cached_build_is_reused_and_a_missing_one_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CI", raising=False)
+    built: list[Any] = []
+
+    def ensure(log: Any) -> str:
+        built.append(log)
+        log("building")
+        return "new"
+
+    assert _build_or_reuse("", lambda: "cached", ensure) == "cached"
+    assert built == []
+    assert _build_or_reuse("", lambda: None, ensure) == "new"
+    assert len(built) == 1
+
+
+def test_reuse_mode_never_builds_and_skips_outside_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CI", raising=False)
+
+    def ensure(log: Any) -> str:
+        raise AssertionError("built under UNGATER_CONTROL_PLANE=reuse")
+
+    with pytest.raises(pytest.skip.Exception, match="reuse and no cached build of the thing"):
+        _build_or_reuse("reuse", lambda: None, ensure)
+
+
+def test_a_failed_build_skips_outside_ci_and_fails_under_ci(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def ensure(log: Any) -> str:
+        raise Unavailable("no Go toolchain")
+
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no Go toolchain"):
+        _build_or_reuse("", lambda: None, ensure)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="unavailable under CI=true: no Go toolchain"):
+        _build_or_reuse("reuse", lambda: None, ensure)  # reuse mode does not hold under CI
