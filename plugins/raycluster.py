@@ -40,6 +40,12 @@ __all__ = [
     "REPLICA_INDEX_LABEL",
     "REPLICA_NAME_LABEL",
     "SUSPEND_FACT",
+    "cluster_facts",
+    "cluster_size",
+    "pod_selector",
+    "pod_set",
+    "release_group",
+    "sort_key",
 ]
 
 RAYCLUSTER = Kind("ray.io", "RayCluster")
@@ -90,6 +96,11 @@ def ungater_kinds() -> Sequence[KindSpec]:
 
 @hookimpl
 def ungater_owner_facts(owner_object: Mapping[str, Any]) -> Mapping[str, Any]:
+    return cluster_facts(owner_object)
+
+
+def cluster_facts(owner_object: Mapping[str, Any]) -> dict[str, Any]:
+    """numOfHosts and desired replicas per worker group, and suspend, of a RayCluster."""
     hosts: dict[str, int] = {}
     replicas: dict[str, int] = {}
     spec = owner_object.get("spec") or {}
@@ -127,6 +138,11 @@ def _desired_replicas(group: Mapping[str, Any]) -> int | None:
 
 @hookimpl
 def ungater_desired_counts(owner_facts: Mapping[str, Any]) -> Mapping[str, int] | None:
+    return cluster_size(owner_facts)
+
+
+def cluster_size(owner_facts: Mapping[str, Any]) -> dict[str, int]:
+    """The pods a RayCluster's facts ask for, per Kueue pod set name."""
     suspended = owner_facts.get(SUSPEND_FACT) is True
     counts = {HEAD_POD_SET: 0 if suspended else 1}
     hosts = owner_facts.get(HOSTS_FACT) or {}
@@ -140,7 +156,12 @@ def ungater_desired_counts(owner_facts: Mapping[str, Any]) -> Mapping[str, int] 
 
 @hookimpl
 def ungater_pod_selector(owner: ObjectRef) -> Mapping[str, str]:
-    return {CLUSTER_LABEL: owner.name}
+    return pod_selector(owner)
+
+
+def pod_selector(cluster: ObjectRef) -> dict[str, str]:
+    """A RayCluster's pods by name label (a selector only: the proof is the controller UID)."""
+    return {CLUSTER_LABEL: cluster.name}
 
 
 @hookimpl
@@ -151,6 +172,11 @@ def ungater_owns_pod(owner: ObjectRef, chain: Sequence[ObjectRef]) -> bool:
 
 @hookimpl
 def ungater_pod_set(pod: PodView) -> str | None:
+    return pod_set(pod)
+
+
+def pod_set(pod: PodView) -> str | None:
+    """Kueue's pod set of a Ray pod: its label, else head or the lowercased worker group."""
     kueue = kueue_pod_set(pod)
     if kueue:
         return kueue
@@ -165,6 +191,11 @@ def ungater_pod_set(pod: PodView) -> str | None:
 
 @hookimpl
 def ungater_sort_key(pod: PodView) -> tuple[int | str, ...]:
+    return sort_key(pod)
+
+
+def sort_key(pod: PodView) -> tuple[int | str, ...]:
+    """Head first, then workers by replica index, replica name and host index."""
     if _is_head(pod):
         return (_HEAD, _KNOWN, 0, "", 0)
     replica = _index(pod, REPLICA_INDEX_LABEL)
@@ -180,6 +211,11 @@ def ungater_sort_key(pod: PodView) -> tuple[int | str, ...]:
 
 @hookimpl
 def ungater_release_group(pod: PodView, owner_facts: Mapping[str, Any]) -> ReleaseGroup | None:
+    return release_group(pod, owner_facts)
+
+
+def release_group(pod: PodView, owner_facts: Mapping[str, Any]) -> ReleaseGroup | None:
+    """A multi-host replica, sized by its group's numOfHosts in ``owner_facts``."""
     if _is_head(pod):
         return None
     replica_name = pod.labels.get(REPLICA_NAME_LABEL)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from ungater._assess import owner_of, pod_facts
+from ungater._assess import owner_facts_of, owner_of, pod_facts, pod_selectors, via_objects
 from ungater._audit import Finding, audit_owner
 from ungater._blocked import BLOCKED, classify_patch_error, server_message
 from ungater._config import Config, KindConfig
@@ -102,6 +102,16 @@ async def read_owner(
                 spec.label_selector,
             )
             objects.update((o.uid, o) for o in map(parse_object, found))
+    via = handler.spec.select_via
+    if via is not None:  # read with the plugin's facts: the owner's size lives there
+        found, _ = await client.list_objects(
+            Resource(via.group, via.version, via.plural, via.kind), namespace, via.label_selector
+        )
+        for raw in found:
+            o = parse_object(raw)
+            if o.controller is not None and o.controller.uid == owner.uid:
+                objects[o.uid] = replace(o, facts=dict(handler.owner_facts(raw)))
+    vias = via_objects(handler, owner, objects.values())
     owner_facts: dict[str, Any] = {}
     owner_spec = handler.spec.owner_resource
     if owner_spec is not None:
@@ -111,11 +121,13 @@ async def read_owner(
         owner_obj = await client.get(res_owner, namespace, owner.name)
         if owner_obj is not None and (owner_obj.get("metadata") or {}).get("uid") == owner.uid:
             owner_facts = handler.owner_facts(owner_obj)
-    selector = handler.pod_selector(owner)
-    raw_pods, _ = await client.list_objects(
-        PODS, namespace, ",".join(f"{k}={v}" for k, v in selector.items())
-    )
-    pods = [parse_pod(p) for p in raw_pods]
+    pods = []
+    for selector in pod_selectors(handler, owner, vias):
+        raw_pods, _ = await client.list_objects(
+            PODS, namespace, ",".join(f"{k}={v}" for k, v in selector.items())
+        )
+        pods += [parse_pod(p) for p in raw_pods]
+    facts_of_owner = owner_facts_of(handler, owner_facts or None, vias)
     return OwnerRead(
         handler=handler,
         kind_config=kc,
@@ -123,8 +135,8 @@ async def read_owner(
         namespace=namespace,
         slices=slices,
         pods=pods,
-        facts=pod_facts(handler, owner, pods, objects, owner_facts),
-        desired=handler.desired_counts(owner_facts) if owner_facts else None,
+        facts=pod_facts(handler, owner, pods, objects, facts_of_owner),
+        desired=handler.desired_counts(facts_of_owner) if facts_of_owner else None,
         gate=config.gate_for(kc),
     )
 

@@ -55,10 +55,17 @@ class EventHandlers:
             out.append(Reflector(client, res, ns, parse, on_change, label_selector=sel, **common))
 
         kinds = self.s.kinds.values()
-        intermediates: dict[tuple[str, str, str, str], ResourceSpec] = {}
+        # each intermediate resource once; one that pods are selected through keeps its facts
+        intermediates: dict[tuple[str, str, str, str], tuple[ResourceSpec, Any]] = {}
         for rt in kinds:
             for spec in rt.handler.spec.intermediates:
-                intermediates[(spec.group, spec.version, spec.plural, spec.label_selector)] = spec
+                key = (spec.group, spec.version, spec.plural, spec.label_selector)
+                intermediates.setdefault(key, (spec, parse_object))
+        for rt in kinds:
+            via = rt.handler.spec.select_via
+            if via is not None:
+                key = (via.group, via.version, via.plural, via.label_selector)
+                intermediates[key] = (via, self.via_parser(rt))
         for ns in namespaces:
             wl_res = workload_resource(workload_version)
             out.append(
@@ -71,9 +78,9 @@ class EventHandlers:
                 if o is not None:
                     res = Resource(o.group, o.version, o.plural, o.kind)
                     watch(res, ns, self.owner_parser(rt), self.on_owner, o.label_selector)
-            for spec in intermediates.values():
+            for spec, parse in intermediates.values():
                 res = Resource(spec.group, spec.version, spec.plural, spec.kind)
-                watch(res, ns, parse_object, self.on_object, spec.label_selector)
+                watch(res, ns, parse, self.on_object, spec.label_selector)
         return out
 
     # -- Workloads ------------------------------------------------------------------------------
@@ -114,16 +121,22 @@ class EventHandlers:
         if view is not None and s.workloads.has_owner(view.uid):
             s.queue.add(OwnerKey(view.namespace, view.uid))
 
+    def via_parser(self, rt: KindRuntime) -> Callable[[Mapping[str, Any]], ObjectView]:
+        return lambda obj: self.s.parse_via(rt, obj)
+
     def on_object(self, old: ObjectView | None, new: ObjectView | None) -> None:
         s = self.s
         if new is not None:
-            s.objects[new.uid] = new
+            s.keep_object(new)
         elif old is not None:
-            s.objects.pop(old.uid, None)
+            s.forget_object(old)
         view = new or old
         if view is not None:
             ctrl = view.controller
+            grew = new is not None and bool(new.facts) and (old is None or old.facts != new.facts)
             for key in s.owners_of(view.namespace, ctrl.uid if ctrl else None):
+                if grew:  # the size of a select_via owner lives here
+                    s.releasable.room_made(key)
                 s.queue.add(key)
 
     # -- pods ------------------------------------------------------------------------------------

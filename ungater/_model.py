@@ -111,7 +111,10 @@ class PodView:
 
 @dataclass(frozen=True, slots=True)
 class ObjectView:
-    """An intermediate owner (say a Job between a JobSet and its pods): identity and owners."""
+    """An intermediate owner (say a Job between a JobSet and its pods): identity and owners.
+
+    ``facts``: what the plugin extracted from it when pods are selected through it (a RayJob's
+    RayCluster holds the size); ``resource_version``: which version of it those facts are."""
 
     api_version: str
     kind: str
@@ -120,10 +123,21 @@ class ObjectView:
     uid: str
     labels: Mapping[str, str]
     owner_refs: tuple[ObjectRef, ...]
+    resource_version: str = ""
+    facts: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def controller(self) -> ObjectRef | None:
         return _controller_of(self.owner_refs)
+
+    @property
+    def group_kind(self) -> Kind:
+        return Kind.from_api_version(self.api_version, self.kind)
+
+    @property
+    def ref(self) -> ObjectRef:
+        """The object as an ownerReference would name it."""
+        return ObjectRef(self.api_version, self.kind, self.name, self.uid, True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +307,7 @@ def parse_object(obj: Mapping[str, Any]) -> ObjectView:
         uid=str(meta["uid"]),
         labels=_str_map(meta.get("labels")),
         owner_refs=_owner_refs(meta),
+        resource_version=str(meta.get("resourceVersion", "")),
     )
 
 

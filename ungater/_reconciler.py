@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from ungater._assess import owner_of, pod_facts
+from ungater._assess import owner_facts_of, owner_of, pod_facts, pod_selectors, via_objects
 from ungater._cache import OwnerKey
 from ungater._decision import Decision, PodFacts, Release, active_slice, decide
 from ungater._events import NORMAL, RELEASED, InvolvedObject, released_message
@@ -98,8 +98,13 @@ class Reconciler:
         self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef
     ) -> tuple[list[PodFacts], Mapping[str, int] | None]:
         """The decision's input from what the caches hold now: pod facts, the owner's size."""
-        owner_facts = self.s.owner_facts.get(owner.uid)
-        pods = rt.pods.select(key.namespace, rt.handler.pod_selector(owner))
+        vias = via_objects(rt.handler, owner, self.s.objects_controlled_by(owner.uid))
+        owner_facts = owner_facts_of(rt.handler, self.s.owner_facts.get(owner.uid), vias)
+        pods = [
+            p
+            for selector in pod_selectors(rt.handler, owner, vias)
+            for p in rt.pods.select(key.namespace, selector)
+        ]
         facts = pod_facts(rt.handler, owner, pods, self.s.objects, owner_facts)
         desired = rt.handler.desired_counts(owner_facts) if owner_facts is not None else None
         return facts, desired
@@ -146,7 +151,12 @@ class Reconciler:
 
     def _owner_may_be_stale(self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef) -> bool:
         freed = self.s.freed_rv.get(key)
-        if freed is None or rt.handler.spec.owner_resource is None:
+        if freed is None:
+            return False
+        if rt.handler.spec.select_via is not None:  # its size is that of the objects between
+            vias = via_objects(rt.handler, owner, self.s.objects_controlled_by(owner.uid))
+            return any((resource_version_number(v.resource_version) or -1) < freed for v in vias)
+        if rt.handler.spec.owner_resource is None:
             return False
         return self.s.owner_rv.get(owner.uid, -1) < freed
 
@@ -177,6 +187,9 @@ class Reconciler:
 
         False when it is gone or is another object now: nothing may be released for it.
         """
+        if rt.handler.spec.select_via is not None:
+            await self._refresh_vias(rt, namespace, owner)
+            return True
         spec = rt.handler.spec.owner_resource
         assert spec is not None
         res = Resource(spec.group, spec.version, spec.plural, spec.kind)
@@ -188,6 +201,19 @@ class Reconciler:
             return False
         self.s.keep_owner(view)
         return True
+
+    async def _refresh_vias(self, rt: KindRuntime, namespace: str, owner: ObjectRef) -> None:
+        """Read each object the owner's pods are selected through (a quorum read) into the
+        cache; one gone, or another object now, leaves it (its pods then count, unreleased)."""
+        spec = rt.handler.spec.select_via
+        assert spec is not None
+        res = Resource(spec.group, spec.version, spec.plural, spec.kind)
+        for view in via_objects(rt.handler, owner, self.s.objects_controlled_by(owner.uid)):
+            obj = await self.s.client.get(res, namespace, view.name)
+            if obj is None or (obj.get("metadata") or {}).get("uid") != view.uid:
+                self.s.forget_object(view)
+            else:
+                self.s.keep_object(self.s.parse_via(rt, obj))
 
     async def _settle_expired(self, key: OwnerKey, rt: KindRuntime, uids: frozenset[str]) -> None:
         """The watch has not shown our patches in time: ask the API server for the truth.

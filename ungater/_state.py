@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -26,7 +26,7 @@ from ungater._expectations import Expectations
 from ungater._guard import GateGuard
 from ungater._kube import KubeClient
 from ungater._metrics import Metrics
-from ungater._model import Kind, ObjectView
+from ungater._model import Kind, ObjectView, parse_object
 from ungater._reflector import ReflectorStats
 from ungater._registry import KindHandler, PluginError
 from ungater._releasable import ReleasableClock
@@ -108,6 +108,7 @@ class State:
         # caches, filled by the event handlers
         self.workloads = WorkloadIndex()
         self.objects: dict[str, ObjectView] = {}  # intermediate owners by UID
+        self.controlled: dict[str, set[str]] = {}  # controller UID -> cached objects it controls
         self.owner_facts: dict[str, dict[str, Any]] = {}
         self.owner_rv: dict[str, int] = {}
         # per owner: the newest resourceVersion of one of its pods that ended or went away,
@@ -165,6 +166,31 @@ class State:
             InvolvedObject.workload(wl, self.workload_version), type_, reason, message
         )
 
+    # -- intermediate objects, indexed by their controller ---------------------------------------
+
+    def keep_object(self, view: ObjectView) -> None:
+        """Cache an intermediate object, unless a fresh read already gave a newer version."""
+        held = self.objects.get(view.uid)
+        if held is not None:
+            new, old = (resource_version_number(v.resource_version) for v in (view, held))
+            if new is not None and old is not None and new < old:
+                return
+            self.forget_object(held)
+        self.objects[view.uid] = view
+        if view.controller is not None:
+            self.controlled.setdefault(view.controller.uid, set()).add(view.uid)
+
+    def forget_object(self, view: ObjectView) -> None:
+        held = self.objects.pop(view.uid, None)
+        ctrl = held.controller if held is not None else None
+        if ctrl is not None and ctrl.uid in self.controlled:
+            self.controlled[ctrl.uid].discard(view.uid)
+            if not self.controlled[ctrl.uid]:
+                del self.controlled[ctrl.uid]
+
+    def objects_controlled_by(self, uid: str) -> list[ObjectView]:
+        return [self.objects[u] for u in self.controlled.get(uid, ())]
+
     # -- owner objects: the plugin's facts and the resourceVersion they were read at ----------
 
     def parse_owner(self, rt: KindRuntime, obj: Mapping[str, Any]) -> OwnerFacts:
@@ -181,6 +207,18 @@ class State:
             facts,
             str(meta.get("resourceVersion", "")),
         )
+
+    def parse_via(self, rt: KindRuntime, obj: Mapping[str, Any]) -> ObjectView:
+        """An object a ``select_via`` kind's pods are selected through, with the plugin's facts
+        of it (the size of a RayJob's RayCluster)."""
+        view = parse_object(obj)
+        try:
+            facts = rt.handler.owner_facts(obj)
+        except PluginError as exc:
+            self.stats.plugin_errors += 1
+            log.error("%s/%s: %s", view.namespace, view.name, exc)
+            facts = {}
+        return replace(view, facts=dict(facts))
 
     def keep_owner(self, view: OwnerFacts) -> None:
         rv = resource_version_number(view.resource_version)

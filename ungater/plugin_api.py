@@ -15,6 +15,7 @@ from ungater._model import PODSET_LABEL, Kind, ObjectRef, PodView, parse_pod
 
 __all__ = [
     "PODSET_LABEL",
+    "VIA_FACTS",
     "Kind",
     "KindSpec",
     "ObjectRef",
@@ -29,6 +30,9 @@ __all__ = [
 ]
 
 PROJECT = "ungater"
+VIA_FACTS = "ungater.via"
+"""The owner-facts key under which a ``select_via`` kind's hooks find, per object in between
+(by name), what ``ungater_owner_facts`` extracted from it."""
 hookimpl = pluggy.HookimplMarker(PROJECT)
 """Decorate a module-level function with this to implement a hook."""
 
@@ -68,6 +72,13 @@ class KindSpec:
     - ``owner_resource``: set it when the plugin needs facts from the owner object itself (a
       RayCluster's ``numOfHosts`` per worker group). The core watches these objects, keeps only
       what ``ungater_owner_facts`` extracts, and passes it to ``ungater_release_group``.
+    - ``select_via``: when no label of the pods names the owner (a RayJob's pods name only the
+      RayCluster it created), the resource of the objects in between. The core caches them,
+      and selects the pods of each one whose controller reference carries the owner's UID by
+      calling ``ungater_pod_selector`` with *that object's* reference. It keeps what
+      ``ungater_owner_facts`` extracts from each such object (the size lives there) and hands
+      the hooks ``{VIA_FACTS: {object name: its facts}}``, merged into the owner's own facts.
+      Ownership is still proven by the UID chain Pod -> that object -> owner.
     """
 
     group: str
@@ -75,6 +86,7 @@ class KindSpec:
     pod_label: str
     intermediates: tuple[ResourceSpec, ...] = ()
     owner_resource: ResourceSpec | None = None
+    select_via: ResourceSpec | None = None
 
     @property
     def group_kind(self) -> Kind:

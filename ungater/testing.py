@@ -21,14 +21,22 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
-from ungater._assess import pod_facts
+from ungater._assess import owner_facts_of, pod_facts, pod_selectors, via_objects
 from ungater._config import DEFAULT_GATE
 from ungater._decision import Decision, decide
-from ungater._model import Kind, ObjectRef, PodView, parse_object, parse_pod, parse_workload
+from ungater._model import (
+    Kind,
+    ObjectRef,
+    ObjectView,
+    PodView,
+    parse_object,
+    parse_pod,
+    parse_workload,
+)
 from ungater._registry import KindHandler, PluginRegistry
 from ungater.plugin_api import KindSpec, ReleaseGroup
 
@@ -202,11 +210,25 @@ class PluginUnderTest:
     def sort_key(self, owner: Obj, pod: Obj) -> tuple[int | str, ...]:
         return self._handler.sort_key(ref_of(owner), parse_pod(pod))
 
-    def release_group(self, owner: Obj, pod: Obj) -> ReleaseGroup | None:
-        return self._handler.release_group(ref_of(owner), parse_pod(pod))
+    def release_group(
+        self, owner: Obj, pod: Obj, intermediates: Iterable[Obj] = ()
+    ) -> ReleaseGroup | None:
+        facts = self._owner_facts(owner, self._objects(intermediates))
+        return self._handler.release_group(ref_of(owner), parse_pod(pod), facts)
 
-    def desired_counts(self, owner: Obj) -> dict[str, int] | None:
-        return self._handler.desired_counts(self._handler.owner_facts(owner))
+    def desired_counts(
+        self, owner: Obj, intermediates: Iterable[Obj] = ()
+    ) -> dict[str, int] | None:
+        """The owner's own size per pod set (for a ``select_via`` kind: from the objects between
+        among ``intermediates``)."""
+        facts = self._owner_facts(owner, self._objects(intermediates))
+        return self._handler.desired_counts(facts) if facts is not None else None
+
+    def pod_selectors(self, owner: Obj, intermediates: Iterable[Obj] = ()) -> list[dict[str, str]]:
+        """The selectors the controller finds ``owner``'s candidate pods with."""
+        objects = self._objects(intermediates)
+        vias = via_objects(self._handler, ref_of(owner), objects.values())
+        return pod_selectors(self._handler, ref_of(owner), vias)
 
     def ownership(
         self, owner: Obj, pods: Sequence[Obj], intermediates: Iterable[Obj] = ()
@@ -230,8 +252,9 @@ class PluginUnderTest:
     ) -> Outcome:
         """What the controller would release now for ``owner``, given these objects in its
         caches (``owner_size``: bound the cap by the plugin's desired counts, as it does)."""
+        intermediates = list(intermediates)
         facts = self._facts(owner, pods, intermediates)
-        desired = self.desired_counts(owner) if owner_size else None
+        desired = self.desired_counts(owner, intermediates) if owner_size else None
         decision = decide([parse_workload(w) for w in workloads], facts, gate, desired=desired)
         waiting = {w.pod: w.reason for r in decision.pod_sets for w in r.waiting}
         waiting.update({w.pod: w.reason for w in decision.unmapped})
@@ -244,9 +267,28 @@ class PluginUnderTest:
             decision,
         )
 
+    def _objects(self, intermediates: Iterable[Obj]) -> dict[str, ObjectView]:
+        """The intermediates as the core caches them (with the plugin's facts of those that
+        pods are selected through)."""
+        via = self.spec.select_via
+        out = {}
+        for raw in intermediates:
+            view = parse_object(raw)
+            if via is not None and view.group_kind == via.group_kind:
+                view = replace(view, facts=self._handler.owner_facts(raw))
+            out[view.uid] = view
+        return out
+
+    def _owner_facts(self, owner: Obj, objects: Mapping[str, ObjectView]) -> Any:
+        if self.spec.select_via is None:
+            return self._handler.owner_facts(owner)
+        own = self._handler.owner_facts(owner) if self.spec.owner_resource else None
+        vias = via_objects(self._handler, ref_of(owner), objects.values())
+        return owner_facts_of(self._handler, own, vias)
+
     def _facts(self, owner: Obj, pods: Sequence[Obj], intermediates: Iterable[Obj]) -> Any:
-        objects = {v.uid: v for v in map(parse_object, intermediates)}
-        owner_facts = self._handler.owner_facts(owner)
+        objects = self._objects(intermediates)
+        owner_facts = self._owner_facts(owner, objects)
         return pod_facts(
             self._handler, ref_of(owner), [parse_pod(p) for p in pods], objects, owner_facts
         )
