@@ -34,6 +34,7 @@ from tests.unit.podfactory import (
     uid_for,
     workload,
 )
+from tests.unit.test_stale_views import Lagging
 from ungater._config import Config
 from ungater._controller import Controller
 from ungater._kube import PODS, Resource
@@ -257,7 +258,7 @@ def config(*kinds: tuple[str, str]) -> Config:
 
 
 @asynccontextmanager
-async def running(fake: FakeKube, cfg: Config) -> AsyncIterator[Controller]:
+async def running(fake: Any, cfg: Config) -> AsyncIterator[Controller]:
     registry = PluginRegistry.from_modules(
         {"raycluster": raycluster_plugin, "rayjob": rayjob_plugin}
     )
@@ -313,3 +314,47 @@ async def test_controller_releases_a_rayjobs_pods_through_its_raycluster() -> No
         fake.put(RAYCLUSTERS, rc)
         expected.add(workers[2]["metadata"]["name"])
         await eventually(lambda: released_names(fake) == expected, what="the third worker")
+
+
+def live_released_workers(fake: FakeKube) -> int:
+    return sum(
+        1
+        for p in fake.items(PODS, NAMESPACE)
+        if p["metadata"]["labels"].get("ray.io/node-type") == "worker"
+        and GATE not in [g["name"] for g in p["spec"].get("schedulingGates") or []]
+        and not p["metadata"].get("deletionTimestamp")
+    )
+
+
+@pytest.mark.anyio
+async def test_a_slot_freed_before_the_raycluster_shrink_is_seen_is_not_refilled() -> None:
+    """The autoscaler shrinks the RayJob's RayCluster 5 -> 2 and KubeRay deletes a released
+    worker; the RayCluster watch lags, so the cache still says 5 when the deletion arrives. The
+    controller reads the RayCluster (the size of a RayJob) before refilling and releases
+    nothing beyond 2; grown back to 5, the freed slot is refilled up to the admitted 3."""
+    fake = FakeKube()
+    client = Lagging(fake)
+    job = ray_owner("RayJob", "train")
+    rc = fake.put(RAYCLUSTERS, cluster_of(job, "train-raycluster-abcde", {"workers": (5, 1)}))
+    fake.put(PODS, release(ray_head_pod(rc)))
+    workers = []
+    for i in range(5):
+        pod = ray_worker_pod(rc, "workers", replica_index=i, created=2 + i, seed=str(i))
+        workers.append(fake.put(PODS, release(pod) if i < 3 else pod))
+    fake.put(
+        WORKLOADS, workload(job, {"head": 1, "workers": 5}, admitted={"head": 1, "workers": 3})
+    )
+    async with running(client, config(RAYJOB)):
+        await holds_for(lambda: live_released_workers(fake) == 3, 0.2, what="cap 3 reached")
+        held = client.hold("rayclusters")
+        small = copy.deepcopy(rc)
+        small["spec"]["workerGroupSpecs"][0]["replicas"] = 2
+        fake.put(RAYCLUSTERS, small)
+        fake.delete(PODS, NAMESPACE, workers[0]["metadata"]["name"])
+        await holds_for(lambda: live_released_workers(fake) <= 2, 0.5, what="fresh RayCluster")
+        held.set()
+        await holds_for(lambda: live_released_workers(fake) <= 2, 0.2, what="after the watch")
+        grown = copy.deepcopy(small)
+        grown["spec"]["workerGroupSpecs"][0]["replicas"] = 5
+        fake.put(RAYCLUSTERS, grown)
+        await eventually(lambda: live_released_workers(fake) == 3, what="refilled to cap 3")
