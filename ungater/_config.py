@@ -9,7 +9,9 @@ labels, and every duration has a sane range.
 
 The leader-election Lease has a default location that does not depend on where the process
 runs (``kube-system``, a name derived from the gates served), so ``ungater run`` on a laptop
-and the in-cluster Deployment share one Lease and never lead at once.
+and the in-cluster Deployment share one Lease and never lead at once. Sharding by namespace is
+opt-in (``leaderElection.shardByNamespace``): a shard's Lease is then derived from the gates
+*and* its namespaces, never typed by hand, so the replicas of one shard always meet on one Lease.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ __all__ = [
     "KindConfig",
     "default_lease_name",
     "load_config",
+    "shard_lease_name",
 ]
 
 DEFAULT_GATE = "kueue.x-k8s.io/elastic-job"
@@ -117,6 +120,21 @@ def default_lease_name(gates: Iterable[str]) -> str:
     digest = hashlib.sha256(joined.encode()).hexdigest()[:8]
     readable = re.sub(r"[^a-z0-9]+", "-", joined.lower()).strip("-")[:30].rstrip("-")
     return f"ungater-{readable}-{digest}" if readable else f"ungater-{digest}"
+
+
+def shard_lease_name(gates: Iterable[str], namespaces: Iterable[str]) -> str:
+    """A shard's Lease: ``<default_lease_name(gates)>-<readable namespaces>-<8 hex>``.
+
+    The hash covers the sorted gates and the sorted namespaces, so instances with the same
+    gates and the same namespace *set* (in any order) meet on one Lease, and a shard never
+    shares the unsharded Lease (which would leave its namespaces unserved while another shard
+    leads). The Helm chart computes the same name (``ungater.shardLeaseName``).
+    """
+    gates_joined = ",".join(sorted(set(gates)))
+    ns_joined = ",".join(sorted(set(namespaces)))
+    digest = hashlib.sha256(f"{gates_joined}|{ns_joined}".encode()).hexdigest()[:8]
+    readable = re.sub(r"[^a-z0-9]+", "-", ns_joined).strip("-")[:30].rstrip("-")
+    return f"{default_lease_name(gates)}-{readable}-{digest}"
 
 
 class _Model(BaseModel):
@@ -204,6 +222,11 @@ class LeaderElectionConfig(_Model):
         default=None,
         alias="leaseName",
         description="Lease name; null: derived from the gates (see default_lease_name).",
+    )
+    shard_by_namespace: bool = Field(
+        default=False,
+        alias="shardByNamespace",
+        description="One Lease per namespace set (needs `namespaces`, derives the name).",
     )
     identity: str | None = Field(
         default=None, min_length=1, description="null: $POD_NAME or host, + suffix."
@@ -377,6 +400,21 @@ class Config(_Model):
             raise ValueError("namespaces must not repeat")
         return self
 
+    @model_validator(mode="after")
+    def _shard(self) -> Config:
+        le = self.leader_election
+        if le.shard_by_namespace and not self.namespaces:
+            raise ValueError(
+                "leaderElection.shardByNamespace needs `namespaces`: a shard of all namespaces "
+                "would overlap every other shard"
+            )
+        if le.shard_by_namespace and le.lease_name:
+            raise ValueError(
+                "leaderElection.shardByNamespace derives the Lease name from the gates and "
+                "namespaces; leave leaseName unset, so no two shards can share or mistype one"
+            )
+        return self
+
     def gate_for(self, kind: KindConfig) -> str:
         return kind.gate or self.gate
 
@@ -400,7 +438,10 @@ class Config(_Model):
 
     @property
     def lease_name(self) -> str:
-        """The Lease's name: configured, else derived from the gates."""
+        """The Lease's name: configured, else derived from the gates (and, for a shard, from
+        its namespaces)."""
+        if self.leader_election.shard_by_namespace:
+            return shard_lease_name(self.gates, self.namespaces)
         return self.leader_election.lease_name or default_lease_name(self.gates)
 
     def dump(self) -> dict[str, Any]:

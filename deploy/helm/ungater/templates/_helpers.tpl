@@ -75,10 +75,42 @@ renders this and compares it with the Python function.
 {{- end -}}
 {{- end -}}
 
-{{/* The name of the leader-election Lease: config.leaderElection.leaseName, else the derived one. */}}
+{{/*
+A shard's Lease (config.shard_lease_name), for leaderElection.shardByNamespace:
+"<defaultLeaseName>-<namespaces, readable>-<8 hex of sha256 of "<gates>|<namespaces>">", both
+lists sorted and joined by commas. A test renders this and compares it with the Python function.
+*/}}
+{{- define "ungater.shardLeaseName" -}}
+{{- $gate := .Values.config.gate | default "kueue.x-k8s.io/elastic-job" -}}
+{{- $gates := list -}}
+{{- range (.Values.config.kinds | default (list (dict))) -}}
+{{- $gates = append $gates (.gate | default $gate) -}}
+{{- end -}}
+{{- $joined := $gates | uniq | sortAlpha | join "," -}}
+{{- $namespaces := .Values.config.namespaces | default list -}}
+{{- if not $namespaces -}}
+{{- fail "config.leaderElection.shardByNamespace needs config.namespaces: a shard of all namespaces would overlap every other shard" -}}
+{{- end -}}
+{{- $nsJoined := $namespaces | uniq | sortAlpha | join "," -}}
+{{- $digest := sha256sum (printf "%s|%s" $joined $nsJoined) | trunc 8 -}}
+{{- $readable := regexReplaceAll "[^a-z0-9]+" $nsJoined "-" | trimAll "-" | trunc 30 | trimSuffix "-" -}}
+{{- printf "%s-%s-%s" (include "ungater.defaultLeaseName" .) $readable $digest -}}
+{{- end -}}
+
+{{/*
+The name of the leader-election Lease: the shard's when leaderElection.shardByNamespace, else
+config.leaderElection.leaseName, else the derived one.
+*/}}
 {{- define "ungater.leaseName" -}}
 {{- $le := .Values.config.leaderElection | default dict -}}
+{{- if $le.shardByNamespace -}}
+{{- if $le.leaseName -}}
+{{- fail "config.leaderElection.shardByNamespace derives the Lease name: leave leaseName empty" -}}
+{{- end -}}
+{{- include "ungater.shardLeaseName" . -}}
+{{- else -}}
 {{- $le.leaseName | default (include "ungater.defaultLeaseName" .) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The port of config.server.address (":8080", "0.0.0.0:8080"): container port, probes, Service. */}}
@@ -137,7 +169,11 @@ deployment that would run two releasers at once (replicas > 1 without leader ele
 {{- end -}}
 {{- if hasKey $config "leaderElection" -}}
 {{- $_ := set $le "namespace" (include "ungater.leaseNamespace" .) -}}
+{{- if $le.shardByNamespace -}}
+{{- $_ := unset $le "leaseName" -}}
+{{- else -}}
 {{- $_ := set $le "leaseName" (include "ungater.leaseName" .) -}}
+{{- end -}}
 {{- $_ := set $config "leaderElection" $le -}}
 {{- end -}}
 {{- toYaml $config -}}
