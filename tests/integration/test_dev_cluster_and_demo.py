@@ -16,13 +16,15 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
-def cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, timeout: float = 180, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ungater", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
 
 
@@ -43,6 +45,8 @@ def test_dev_cluster_up_then_down_leaves_nothing(control_plane: Any, tmp_path: P
         assert up.returncode == 0, up.stdout + up.stderr
         kubeconfig = state / "kubeconfig"
         assert f"export KUBECONFIG={kubeconfig}" in up.stdout
+        # the way to stop it, in the form it was started with
+        assert f"stop it with:\n  ungater dev-cluster down --state-dir {state}\n" in up.stdout
         record = json.loads((state / "pids.json").read_text())
         pid_list = [int(p["pid"]) for p in record["processes"].values()]
         assert len(pid_list) == 6 and all(alive(p) for p in pid_list)  # with the peers
@@ -56,10 +60,14 @@ def test_dev_cluster_up_then_down_leaves_nothing(control_plane: Any, tmp_path: P
     assert not any(alive(p) for p in pid_list)
 
 
-def test_demo_runs_the_narrated_scenario(control_plane: Any) -> None:
-    """The demo runs the real Kueue: no step plays Kueue's part; quota holds a scale-up back."""
-    proc = cli("demo", "--fast", timeout=400)
+def test_demo_runs_the_narrated_scenario(control_plane: Any, tmp_path: Path) -> None:
+    """The demo runs the real Kueue: no step plays Kueue's part; quota holds a scale-up back.
+    It leaves no temporary directory behind (its own TMPDIR is empty afterwards)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = cli("demo", "--fast", timeout=400, env={"TMPDIR": str(tmp)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in tmp.iterdir()) == []
     out = proc.stdout
     assert "simulating" not in out
     assert "ClusterQueue 'demo': 6 CPUs" in out
