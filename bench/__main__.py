@@ -12,12 +12,17 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 
-from bench.runner import SCENARIOS, Options, run_all
-from bench.sizes import FULL, QUICK
+from bench.kueue import kueue_side_by_side
+from bench.report import table_rows
+from bench.runner import PLAIN, SCENARIOS, Options, run_all
+from bench.sizes import FULL, PRESETS, QUICK, Sizes, with_scale
 from bench.stats import render_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -30,6 +35,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--quick", action="store_true", help="tiny sizes, one repeat (smoke)")
     run.add_argument("--out", type=Path, help="result JSON (default bench/results/...)")
     run.add_argument("--kubeconfig", type=Path, help="use this cluster instead of starting one")
+    run.add_argument(
+        "--kueue-kubeconfig",
+        type=Path,
+        help="for --only kueue: a cluster running the real Kueue (default: start one)",
+    )
     run.add_argument("--namespace", default="bench-ns")
     run.add_argument("--raw-namespace", default="bench-raw")
     run.add_argument("--only", help=f"comma-separated subset of: {','.join(SCENARIOS)}")
@@ -41,13 +51,52 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="profile the controller during the throughput runs (raised config)",
     )
+    run.add_argument("--runs", type=int, default=3, help="runs of the throughput case (default 3)")
+    run.add_argument("--preset", choices=sorted(PRESETS), help="full sizes, larger where named")
+    run.add_argument("--scale-pods", type=int, help="pods of the scale case (all Jobs)")
+    run.add_argument("--scale-workloads", type=int, help="Jobs (workloads) of the scale case")
     run.add_argument("--delete-namespaces", action="store_true")
     return p
 
 
+def _options(
+    args: argparse.Namespace, kubeconfig: Path, sizes: Sizes, workdir: Path, only: frozenset[str]
+) -> Options:
+    return Options(
+        kubeconfig=kubeconfig,
+        sizes=sizes,
+        workdir=workdir,
+        namespace=args.namespace,
+        raw_namespace=args.raw_namespace,
+        only=only,
+        py_spy=shutil.which(args.py_spy) if args.py_spy else None,
+        delete_namespaces=args.delete_namespaces,
+        runs=args.runs,
+    )
+
+
+@contextmanager
+def _cluster(kubeconfig: Path | None, *, peers: bool) -> Iterator[Path]:
+    """The given cluster, or the local control plane (with the real peers) for the block."""
+    if kubeconfig is not None:
+        yield kubeconfig
+        return
+    from ungater_devtools.devcluster.cluster import LocalControlPlane
+
+    what = " with the real Kueue" if peers else ""
+    print(f"starting the local control plane{what} ...", file=sys.stderr, flush=True)
+    plane = LocalControlPlane(peers=("kueue",)) if peers else LocalControlPlane()
+    plane.start()
+    try:
+        yield plane.kubeconfig_path
+    finally:
+        plane.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    sizes = QUICK if args.quick else FULL
+    sizes = PRESETS[args.preset] if args.preset else QUICK if args.quick else FULL
+    sizes = with_scale(sizes, args.scale_pods, args.scale_workloads)
     if args.no_default_config:
         from dataclasses import replace
 
@@ -65,29 +114,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.py_spy and py_spy is None:
         print(f"py-spy not found: {args.py_spy}", file=sys.stderr)
         return 2
-    plane = None
-    kubeconfig = args.kubeconfig
-    if kubeconfig is None:
-        from ungater_devtools.devcluster.cluster import LocalControlPlane
-
-        print("starting the local control plane ...", file=sys.stderr, flush=True)
-        plane = LocalControlPlane().start()
-        kubeconfig = plane.kubeconfig_path
-    try:
-        opts = Options(
-            kubeconfig=kubeconfig,
-            sizes=sizes,
-            workdir=workdir,
-            namespace=args.namespace,
-            raw_namespace=args.raw_namespace,
-            only=only,
-            py_spy=py_spy,
-            delete_namespaces=args.delete_namespaces,
-        )
-        result = anyio.run(run_all, opts)
-    finally:
-        if plane is not None:
-            plane.stop()
+    result: dict[str, Any] | None = None
+    if only & PLAIN:
+        with _cluster(args.kubeconfig, peers=False) as kubeconfig:
+            result = anyio.run(run_all, _options(args, kubeconfig, sizes, workdir, only & PLAIN))
+    if "kueue" in only:  # on a control plane of its own: the real Kueue must not see the rest
+        with _cluster(args.kueue_kubeconfig, peers=True) as kubeconfig:
+            if result is None:  # the run's metadata, from this cluster
+                result = anyio.run(run_all, _options(args, kubeconfig, sizes, workdir, frozenset()))
+            run = time.strftime("%H%M%S")
+            kueue = anyio.run(kueue_side_by_side, kubeconfig, sizes, workdir, run)
+        result["metrics"]["kueue"] = kueue
+        result["table"] = table_rows(result["metrics"])
+    assert result is not None
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(render_table(result["table"]))
     print(

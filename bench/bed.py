@@ -74,5 +74,5 @@ class Bed:
     async def clean(self, pods_hint: int = 0) -> None:
         """Empty the namespace and wait until the observer (and so the controller) saw it."""
         await self.api.empty_namespace(self.namespace)
-        await self.observer.empty(timeout=120)
+        await self.observer.empty(timeout=120 + pods_hint / 200)
         await anyio.sleep(settle_seconds(pods_hint))

@@ -32,10 +32,23 @@ from bench.report import table_rows
 from bench.scale import scale
 from bench.sizes import Sizes
 from bench.stats import summarize
+from bench.throughput import throughput_run
 
 __all__ = ["Options", "run_all"]
 
-SCENARIOS = ("latency", "throughput", "freed", "arrival", "churn", "scale", "reconcile")
+SCENARIOS = (
+    "latency",
+    "throughput",
+    "freed",
+    "arrival",
+    "churn",
+    "scale",
+    "reconcile",
+    "kueue",
+)
+#: Scenarios on the plain control plane (no Kueue: the harness plays it); "kueue" runs on a
+#: control plane of its own with the real Kueue (bench/kueue.py).
+PLAIN = frozenset(SCENARIOS) - {"kueue"}
 
 
 @dataclass
@@ -48,6 +61,7 @@ class Options:
     only: frozenset[str] = frozenset(SCENARIOS)
     py_spy: str | None = None
     delete_namespaces: bool = False
+    runs: int = 3  # of the throughput case (each: the size's repeats, interleaved)
     plane_pids: dict[str, int] = field(default_factory=dict)
 
 
@@ -140,44 +154,46 @@ async def _measure(
 async def _throughput(
     opts: Options, bed: Bed, raw: Bed, label: str, raised: bool, proc: ControllerProcess
 ) -> tuple[list[release.Release], dict[str, Any]]:
-    """Controller and raw baseline at the same size, interleaved repeat by repeat."""
+    """Controller and raw baseline at the same size, interleaved repeat by repeat, in
+    ``opts.runs`` runs; each run is summarized on its own (medians, spread, CPU per release)."""
     s = opts.sizes
     pods = s.throughput_pods
     qps, burst = _limits(raised)
     ours: list[release.Release] = []
     theirs: list[release.Release] = []
     watching: list[release.Release] = []
+    runs: list[dict[str, Any]] = []
     spies: dict[str, PySpy] = {}
     if opts.py_spy and raised:
         for who in ("controller", "raw"):
             spies[who] = PySpy(opts.py_spy, opts.workdir / f"profile-{who}-{label}.txt")
     pids = {**opts.plane_pids, "controller": proc.pid}
     ctl_spy = (spies["controller"], proc.pid) if spies else None
-    for _ in range(s.latency_repeats[pods]):
-        ours.extend(await release.release_latency(bed, pods, 1, pids, ctl_spy))
-        theirs.append(
-            await release.baseline_release(
-                raw, pods, qps, burst, pids=pids, profile=spies.get("raw")
+    for _ in range(opts.runs):
+        mark = (len(ours), len(theirs), len(watching))
+        for _ in range(s.latency_repeats[pods]):
+            ours.extend(await release.release_latency(bed, pods, 1, pids, ctl_spy))
+            theirs.append(
+                await release.baseline_release(
+                    raw, pods, qps, burst, pids=pids, profile=spies.get("raw")
+                )
             )
-        )
-        watching.append(await release.baseline_release(raw, pods, qps, burst, watch=True))
-    controller = summarize([r.pods_per_second for r in ours], "pods/s")
-    baseline = summarize([r.pods_per_second for r in theirs], "pods/s")
-    with_watch = summarize([r.pods_per_second for r in watching], "pods/s")
+            watching.append(
+                await release.baseline_release(raw, pods, qps, burst, pids=pids, watch=True)
+            )
+        runs.append(throughput_run(ours[mark[0] :], theirs[mark[1] :], watching[mark[2] :]))
     out: dict[str, Any] = {
         "pods": pods,
         "qps": qps,
         "burst": burst,
-        "controller": controller,
-        "baseline": baseline,
-        "ratio": controller["median"] / baseline["median"],
-        "baseline_with_watch": with_watch,
-        "ratio_to_baseline_with_watch": controller["median"] / with_watch["median"],
+        **throughput_run(ours, theirs, watching),
         "controller_first_pod": summarize([r.first_seconds for r in ours], "s"),
         "baseline_first_pod": summarize([r.first_seconds for r in theirs], "s"),
         "controller_cpu_cores": _cpu_summary(ours),
         "baseline_cpu_cores": _cpu_summary(theirs),
+        "runs": runs,
     }
+    out["run_ratios"] = summarize([r["ratio"] for r in runs], "ratio")
     out["profiles"] = {who: str(spy.finish()) for who, spy in spies.items()}
     return ours, out
 

@@ -16,34 +16,25 @@ import anyio
 from bench.api import bounded_gather
 from bench.bed import Bed, ElasticJob, settle_seconds
 from bench.controller_proc import ControllerProcess
+from bench.creator import populate
 
 __all__ = ["scale"]
 
 StartController = Callable[[str], ControllerProcess]
-
-
-async def _populate(bed: Bed, workloads: int, pods_each: int) -> list[ElasticJob]:
-    def make() -> Callable[[], Awaitable[ElasticJob]]:
-        async def go() -> ElasticJob:
-            return await bed.elastic_job("scale", pods_each)
-
-        return go
-
-    return await bounded_gather([make() for _ in range(workloads)], concurrency=8)
+_SETTLE_MAX_S = 15.0  # "a few seconds after sync", also at 100k pods
 
 
 async def scale(
     bed: Bed, workloads: int, pods_each: int, restarts: int, controller: StartController
 ) -> dict[str, Any]:
     """Sync times, RSS after sync (and a few seconds later), then the admit-all release."""
-    t = time.monotonic()
-    jobs = await _populate(bed, workloads, pods_each)
-    setup_s = time.monotonic() - t
+    jobs, setup = await populate(bed, workloads, pods_each)
     total = workloads * pods_each
     out: dict[str, Any] = {
         "pods": total,
         "workloads": workloads,
-        "setup_seconds": setup_s,
+        "setup_seconds": setup["all_seen_seconds"],
+        "setup": setup,
         "sync_seconds": [],
         "ready_seconds": [],
         "rss_synced_mb": [],
@@ -57,7 +48,7 @@ async def scale(
                 out["sync_seconds"].append(proc.sync_seconds)
                 out["ready_seconds"].append(proc.ready_seconds)
                 out["rss_synced_mb"].append(proc.memory()["VmRSS"])
-                await anyio.sleep(settle_seconds(total))
+                await anyio.sleep(min(settle_seconds(total), _SETTLE_MAX_S))
                 out["rss_settled_mb"].append(proc.memory()["VmRSS"])
                 if i == restarts - 1:
                     out.update(await _release_all(bed, jobs, pods_each, proc))
@@ -79,8 +70,11 @@ async def _release_all(
     t0 = time.monotonic()
     await bounded_gather([admit(ej) for ej in jobs], concurrency=32)
     last = 0.0
+    total = len(jobs) * pods_each
+    deadline = t0 + 120 + total / 20  # 20 pods/s at the least, far below the default QPS
     for ej in jobs:
-        last = max(last, await bed.observer.owner_released(ej.uid, pods_each, timeout=600))
+        left = max(deadline - time.monotonic(), 1.0)
+        last = max(last, await bed.observer.owner_released(ej.uid, pods_each, timeout=left))
     mem = proc.memory()
     return {
         "release_all_seconds": last - t0,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-__all__ = ["FULL", "QUICK", "Sizes"]
+__all__ = ["FULL", "PRESETS", "QUICK", "Sizes", "with_scale"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,12 @@ class Sizes:
     reconcile_others: tuple[int, ...]
     reconcile_repeats: int
     default_config: bool = True  # also measure the default client config
+    kueue_pods: int = 2  # pods per Job of the side-by-side lifecycle (bench/kueue.py)
+    kueue_repeats: int = 1  # lifecycles (initial, scale-up, succeeded, recreated)
+    kueue_pending_repeats: int = 1  # freed slot while a scale-up is pending
+    kueue_workloads: int = 3  # Jobs scaling at once
+    kueue_workload_pods: int = 2  # their size before the scale (doubled)
+    kueue_stall_s: float = 30.0  # gated this long while releasable: a stall
 
 
 FULL = Sizes(
@@ -43,6 +49,11 @@ FULL = Sizes(
     scale_restarts=3,
     reconcile_others=(1000, 5000, 10000, 50000),
     reconcile_repeats=300,
+    kueue_pods=10,
+    kueue_repeats=10,
+    kueue_pending_repeats=5,
+    kueue_workloads=100,
+    kueue_workload_pods=5,
 )
 
 QUICK = Sizes(
@@ -62,3 +73,24 @@ QUICK = Sizes(
     reconcile_others=(100, 1000),
     reconcile_repeats=20,
 )
+
+
+def with_scale(sizes: Sizes, pods: int | None, workloads: int | None) -> Sizes:
+    """``sizes`` with the scale case at ``pods`` pods over ``workloads`` Jobs (either kept)."""
+    w = workloads or sizes.scale_workloads
+    total = pods or sizes.scale_workloads * sizes.scale_pods_each
+    if total % w:
+        raise ValueError(f"--scale-pods {total} is not a multiple of --scale-workloads {w}")
+    return replace(sizes, scale_workloads=w, scale_pods_each=total // w)
+
+
+#: ``--preset 100k``: the scale case at 100k pods over 10k Jobs and the in-process reconcile
+#: cost up to 100k cached pods; everything else as the full run.
+PRESETS = {
+    "100k": replace(
+        FULL,
+        scale_workloads=10_000,
+        scale_pods_each=10,
+        reconcile_others=(1000, 10_000, 50_000, 100_000),
+    ),
+}

@@ -47,6 +47,10 @@ def _fmt(value: Any, unit: str) -> str:
         return f"{value:.0f} MB"
     if unit == "pods/s":
         return f"{value:.0f}/s"
+    if unit == "CPU-s":
+        return f"{value:.2f} CPU-s"
+    if unit == "count":
+        return f"{value:.0f}"
     return f"{value:.2f}"
 
 

@@ -1,0 +1,169 @@
+"""The harness's watch on a namespace beside the real Kueue: when each pod appeared, lost each
+gate, succeeded or went, and when each Workload slice was first seen admitted.
+
+Both watches (pods, Workloads) record the arrival of every event on this process's monotonic
+clock, in the order the API server sends them (resourceVersion order within one watch). Every
+latency of the Kueue benchmark is a difference of two moments recorded here, so both gates are
+timed by the same observer and the same clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from bench.objects import CONTROLLER_UID, PODS, WORKLOADS
+from ungater._kube import GoneError, KubeClient, Resource
+
+__all__ = ["PodTrack", "SliceTrack", "Timeline"]
+
+log = logging.getLogger(__name__)
+_MAX_WATCHES = 10_000  # each lasts up to its timeout; far more than any run needs
+_INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+@dataclass
+class PodTrack:
+    uid: str
+    name: str
+    owner: str
+    index: int
+    added_at: float
+    gates: set[str]  # the gates the pod carried when first seen
+    removed_at: dict[str, float] = field(default_factory=dict)  # gate -> first seen without it
+    succeeded_at: float | None = None
+    deleted_at: float | None = None
+
+    def gated(self, gate: str) -> bool:
+        return gate in self.gates and gate not in self.removed_at
+
+    @property
+    def live(self) -> bool:
+        return self.succeeded_at is None and self.deleted_at is None
+
+
+@dataclass
+class SliceTrack:
+    name: str
+    owner: str
+    created_at: float
+    admitted_at: float | None = None
+    count: int | None = None  # admitted count of the (only) pod set
+
+
+def _gates(pod: dict[str, Any]) -> set[str]:
+    return {str(g.get("name")) for g in (pod.get("spec") or {}).get("schedulingGates") or ()}
+
+
+def _admitted(wl: dict[str, Any]) -> bool:
+    conds = (wl.get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "Admitted" and c.get("status") == "True" for c in conds)
+
+
+def _owner(obj: dict[str, Any]) -> str:
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or ():
+        if ref.get("controller"):
+            return str(ref.get("uid"))
+    return ""
+
+
+class Timeline:
+    def __init__(self, client: KubeClient, namespace: str) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.pods: dict[str, PodTrack] = {}
+        self.slices: dict[str, SliceTrack] = {}
+        self.synced = anyio.Event()
+        self._synced: set[str] = set()
+        self._changed = anyio.Event()
+
+    # -- recording -----------------------------------------------------------------------------
+
+    def _pod(self, etype: str, pod: dict[str, Any], now: float) -> None:
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        track = self.pods.get(uid)
+        gates = _gates(pod)
+        if track is None:
+            labels = meta.get("labels") or {}
+            index = (meta.get("annotations") or {}).get(_INDEX, labels.get(_INDEX, "-1"))
+            owner = str(labels.get(CONTROLLER_UID, "")) or _owner(pod)
+            track = PodTrack(uid, str(meta.get("name")), owner, int(index), now, gates)
+            self.pods[uid] = track
+        for gate in track.gates - gates:
+            track.removed_at.setdefault(gate, now)
+        if (pod.get("status") or {}).get("phase") == "Succeeded" and track.succeeded_at is None:
+            track.succeeded_at = now
+        if (etype == "DELETED" or meta.get("deletionTimestamp")) and track.deleted_at is None:
+            track.deleted_at = now
+
+    def _slice(self, etype: str, wl: dict[str, Any], now: float) -> None:
+        meta = wl.get("metadata") or {}
+        name = str(meta.get("name"))
+        track = self.slices.setdefault(name, SliceTrack(name, _owner(wl), now))
+        if etype != "DELETED" and _admitted(wl) and track.admitted_at is None:
+            track.admitted_at = now
+            sets = ((wl.get("status") or {}).get("admission") or {}).get("podSetAssignments")
+            counts = [int(a["count"]) for a in sets or () if "count" in a]
+            track.count = counts[0] if counts else None
+
+    async def _watch(self, resource: Resource, apply: Callable[..., None]) -> None:
+        rv = ""
+        for _ in range(_MAX_WATCHES):
+            try:
+                if not rv:
+                    items, rv = await self.client.list_objects(resource, self.namespace)
+                    now = time.monotonic()
+                    for obj in items:
+                        apply("ADDED", obj, now)
+                    self._synced.add(resource.plural)
+                    if len(self._synced) == 2:
+                        self.synced.set()
+                    self._notify()
+                async for ev in self.client.watch(resource, self.namespace, rv, "", 300, 120):
+                    now = time.monotonic()
+                    obj = ev.get("object") or {}
+                    rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                    if ev.get("type") != "BOOKMARK":
+                        apply(str(ev.get("type")), obj, now)
+                        self._notify()
+            except GoneError:
+                rv = ""
+            except (OSError, TimeoutError) as exc:
+                log.warning("timeline: %s watch failed (%r); retrying", resource.plural, exc)
+                await anyio.sleep(0.2)
+
+    async def run(self) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch, PODS, self._pod)
+            tg.start_soon(self._watch, WORKLOADS, self._slice)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    # -- waiting -------------------------------------------------------------------------------
+
+    async def until(self, done: Callable[[], bool], timeout: float, what: str) -> bool:
+        """Wait (event-driven) until ``done()``; False after ``timeout`` seconds."""
+        with anyio.move_on_after(timeout):
+            while not done():
+                await self._changed.wait()
+            return True
+        log.warning("timeline: no %s within %.0fs", what, timeout)
+        return False
+
+    def of(self, owner: str, *, live: bool = True) -> list[PodTrack]:
+        """The owner's pods (live only, by default), lowest index first."""
+        pods = [p for p in self.pods.values() if p.owner == owner and (p.live or not live)]
+        return sorted(pods, key=lambda p: (p.index, p.added_at))
+
+    def slices_of(self, owner: str) -> list[SliceTrack]:
+        return sorted(
+            (s for s in self.slices.values() if s.owner == owner), key=lambda s: s.created_at
+        )

@@ -1,0 +1,35 @@
+"""The throughput run's summary (bench/throughput.py): spread and CPU per 1000 released pods."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.release import Release
+from bench.throughput import cpu_per_1000, spread, throughput_run
+
+
+def rel(seconds: float, process: str, cores: float, pods: int = 1000) -> Release:
+    return Release(pods, seconds, 0.01, {process: cores, "wall_seconds": seconds})
+
+
+def test_spread_is_the_range_over_the_median() -> None:
+    assert spread([2.0, 2.0, 2.0]) == 0
+    assert spread([1.0, 2.0, 4.0]) == pytest.approx(1.5)
+
+
+def test_cpu_per_1000_is_cpu_seconds_in_the_window_per_1000_pods() -> None:
+    # 0.5 cores for 2 s over 500 pods: 1 CPU-s per 500, 2 CPU-s per 1000
+    assert cpu_per_1000(rel(2.0, "controller", 0.5, pods=500), "controller") == pytest.approx(2.0)
+    assert cpu_per_1000(rel(2.0, "controller", 0.5), "bench.raw") is None
+
+
+def test_a_run_compares_the_controller_with_the_baseline() -> None:
+    ours = [rel(2.0, "controller", 0.4), rel(4.0, "controller", 0.2)]  # 0.8 CPU-s each
+    theirs = [rel(2.0, "bench.raw", 0.2), rel(2.0, "bench.raw", 0.3)]  # 0.4 and 0.6
+    run = throughput_run(ours, theirs, theirs)
+    assert run["controller"]["median"] == pytest.approx(375.0)  # 500/s and 250/s
+    assert run["ratio"] == pytest.approx(0.75)
+    assert run["spread_controller"] == pytest.approx(250 / 375)
+    assert run["spread_baseline"] == 0
+    assert run["cpu_per_1000_controller"]["median"] == pytest.approx(0.8)
+    assert run["cpu_ratio"] == pytest.approx(0.8 / 0.5)
