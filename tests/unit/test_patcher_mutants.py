@@ -1,0 +1,201 @@
+"""The patcher alone, on the in-memory API server: what each patch outcome records, and when a
+refused patch means another writer released the pod. These kill the mutants of
+``ungater/_patcher.py`` the whole-controller tests left alive (docs/testing.md)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.fakekube import FakeKube
+from tests.unit.builders import GATE, NS, pod
+from ungater._config import Config
+from ungater._decision import Release
+from ungater._kube import PODS, ApiError
+from ungater._metrics import Metrics
+from ungater._model import PodView, parse_pod
+from ungater._patcher import BLOCKED, CONFLICT, ERROR, GONE, RELEASED, Patcher
+from ungater._state import State, Stats
+
+OTHER_GATE = "example.com/other"
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Notices:
+    """Stands in for ``ungater._notices.Notices``: records the foreign releases reported."""
+
+    def __init__(self) -> None:
+        self.foreign: list[tuple[str, str]] = []
+
+    def foreign_release(self, view: PodView, rt: Any) -> None:
+        self.foreign.append((view.name, view.uid))
+
+
+def patcher(fake: FakeKube, metrics: Metrics | None = None) -> tuple[Patcher, Notices, State]:
+    state = State(Config(), fake, {}, Stats(), time.monotonic, metrics, None)
+    notices = Notices()
+    return Patcher(state, notices), notices, state  # type: ignore[arg-type]
+
+
+def release_of(raw: dict[str, Any]) -> Release:
+    view = parse_pod(raw)
+    return Release(view, "main", GATE, view.gates.index(GATE))
+
+
+def patches_total(m: Metrics) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(m.render().decode()):
+        for s in family.samples:
+            if s.name == "ungater_patches_total" and s.value:
+                out[s.labels["outcome"]] = s.value
+    return out
+
+
+async def test_each_patch_counts_under_its_own_outcome() -> None:
+    """The patches metric is labelled with what became of each request."""
+    fake = FakeKube()
+    released = fake.put(PODS, pod("a"))
+    stale = release_of(fake.put(PODS, pod("b", gates=(OTHER_GATE, GATE))))
+    fake.put(PODS, pod("b", gates=(GATE,)))  # the other gate went: our index is stale
+    metrics = Metrics()
+    p, _, _ = patcher(fake, metrics)
+    assert await p.release(release_of(released)) == RELEASED
+    assert await p.release(stale) == CONFLICT
+    assert patches_total(metrics) == {"released": 1.0, "conflict": 1.0}
+
+
+async def test_a_refused_patch_on_a_pod_still_gated_is_no_foreign_release() -> None:
+    """Another controller removed its own gate before ours: the index moved, the guarded
+    patch is refused, and our gate is still there: nobody released the pod."""
+    fake = FakeKube()
+    stale = release_of(fake.put(PODS, pod("b", gates=(OTHER_GATE, GATE))))
+    fake.put(PODS, pod("b", gates=(GATE,)))
+    p, notices, _ = patcher(fake)
+    assert await p.release(stale) == CONFLICT
+    await p.check_foreign_release(stale, None)  # type: ignore[arg-type]
+    assert notices.foreign == []
+
+
+async def test_a_pod_recreated_under_the_same_name_is_not_the_one_released() -> None:
+    """The pod we decided on went and a new one took its name (stable names: JobSet, LWS):
+    whatever its gates, it is another pod, so no release of ours was taken by someone."""
+    fake = FakeKube()
+    old = release_of(fake.put(PODS, pod("w-0", uid="uid-old", gates=(OTHER_GATE, GATE))))
+    fake.delete(PODS, NS, "w-0")
+    fake.put(PODS, pod("w-0", uid="uid-new", gates=(OTHER_GATE,)))
+    p, notices, _ = patcher(fake)
+    assert await p.release(old) == CONFLICT
+    await p.check_foreign_release(old, None)  # type: ignore[arg-type]
+    assert notices.foreign == []
+
+
+async def test_a_refused_patch_on_a_pod_released_by_another_is_reported_once() -> None:
+    """The same pod, gate gone: another writer released it. Reported, and not again once it
+    was (the handlers mark it seen)."""
+    fake = FakeKube()
+    stale = release_of(fake.put(PODS, pod("c", gates=(OTHER_GATE, GATE))))
+    fake.put(PODS, pod("c", gates=(OTHER_GATE,)))
+    p, notices, state = patcher(fake)
+    assert await p.release(stale) == CONFLICT
+    await p.check_foreign_release(stale, None)  # type: ignore[arg-type]
+    assert notices.foreign == [("c", "uid-c")]
+    state.foreign_seen.add("uid-c")
+    await p.check_foreign_release(stale, None)  # type: ignore[arg-type]
+    assert notices.foreign == [("c", "uid-c")]
+
+
+def refuse(status: int, reason: str, body: dict[str, Any] | None = None) -> Any:
+    def before_patch(namespace: str, name: str) -> None:
+        raise ApiError(status, reason, json.dumps(body) if body is not None else "")
+
+    return before_patch
+
+
+async def test_a_422_is_judged_by_the_status_causes_too() -> None:
+    """The API server's 422 for a failed JSON-patch ``test`` may carry the telling words only in
+    its Status body's causes: a stale view (re-decide), not a refusal (back off for minutes)."""
+    fake = FakeKube()
+    r = release_of(fake.put(PODS, pod("a")))
+    fake.before_patch = refuse(
+        422,
+        "Unprocessable Entity",
+        {
+            "kind": "Status",
+            "message": 'Pod "a" is invalid',
+            "details": {"causes": [{"message": "testing value /spec/schedulingGates/0 failed"}]},
+        },
+    )
+    p, _, state = patcher(fake)
+    assert await p.release(r) == CONFLICT
+    assert state.blocked.get(r.pod.uid) is None and state.stats.patch_blocked == 0
+
+
+async def test_a_refusal_for_good_is_counted_each_time_and_remembered_in_the_servers_words() -> (
+    None
+):
+    fake = FakeKube()
+    r = release_of(fake.put(PODS, pod("a")))
+    body = {
+        "kind": "Status",
+        "message": 'admission webhook "policy.example.com" denied the request',
+        "details": {"causes": [{"message": "gates are managed by the platform team"}]},
+    }
+    fake.before_patch = refuse(403, "Forbidden", body)
+    p, _, state = patcher(fake)
+    for _ in range(2):
+        assert await p.release(r) == BLOCKED
+    assert state.stats.patch_blocked == 2
+    entry = state.blocked.get(r.pod.uid)
+    assert entry is not None
+    assert (entry.namespace, entry.name, entry.status, entry.failures) == (NS, "a", 403, 2)
+    assert entry.message == (
+        'admission webhook "policy.example.com" denied the request; '
+        "gates are managed by the platform team"
+    )
+    # with no Status body, the HTTP reason is what there is to say
+    fake.before_patch = refuse(400, "Bad Request: gates are immutable here")
+    assert await p.release(r) == BLOCKED
+    entry = state.blocked.get(r.pod.uid)
+    assert entry is not None and entry.message == "Bad Request: gates are immutable here"
+
+
+async def test_a_pod_gone_before_its_patch_is_counted_each_time() -> None:
+    fake = FakeKube()
+    r = release_of(fake.put(PODS, pod("a")))
+    fake.delete(PODS, NS, "a")
+    p, _, state = patcher(fake)
+    for _ in range(2):
+        assert await p.release(r) == GONE
+    assert state.stats.patch_gone == 2 and state.stats.patch_errors == 0
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [ApiError(500, "Internal Server Error"), TimeoutError("timed out"), OSError("reset")],
+    ids=["5xx", "timeout", "connection"],
+)
+async def test_a_patch_with_an_unknown_outcome_is_counted_each_time(failure: Exception) -> None:
+    """5xx, a timeout, a broken connection: the patch may have landed (the reconciler keeps
+    expecting it); each one is counted as an error."""
+    fake = FakeKube()
+    r = release_of(fake.put(PODS, pod("a")))
+
+    def before_patch(namespace: str, name: str) -> None:
+        raise failure
+
+    fake.before_patch = before_patch
+    p, _, state = patcher(fake)
+    for _ in range(2):
+        assert await p.release(r) == ERROR
+    assert state.stats.patch_errors == 2
+    assert (state.stats.patch_blocked, state.stats.patch_conflicts) == (0, 0)
