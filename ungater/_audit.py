@@ -14,7 +14,8 @@ Findings:
 - ``ReleasedWithoutAdmission``: live released pods of an elastic owner with no active slice, or
   outside it (a pod set it does not know, an unmapped pod): released before admission, or born
   without the gate (kueue#10167) (warning);
-- ``OutOfOrder``: released pods later in the plugin's order than pods still gated (info);
+- ``OutOfOrder``: released pods later in the plugin's order than pods still gated that
+  already existed when they were released (created no later) (info);
 - ``ForeignGates``: released pods still held by another controller's gate (kueue#9482) (info).
 """
 
@@ -127,6 +128,16 @@ def _live_released(f: PodFacts, gate: str) -> bool:
 def _order(f: PodFacts) -> tuple[object, ...]:
     key = tuple((0, x, "") if isinstance(x, int) else (1, 0, str(x)) for x in f.sort_key)
     return (key, f.pod.creation_timestamp, f.pod.name, f.pod.uid)
+
+
+def _existed_before(waiting: PodFacts, released: PodFacts) -> bool:
+    """The gated pod already existed when the released one was released: it was created no
+    later (a pod is released after its creation). A gated pod created later may have come after
+    that release: KubeRay gives a new worker the lowest free replica index, so an older worker
+    with a higher index, released long before, is no release out of order (seen beside the
+    real KubeRay v1.6.1). Unknown creation times count as existing."""
+    w, r = parse_time(waiting.pod.creation_timestamp), parse_time(released.pod.creation_timestamp)
+    return w is None or r is None or w <= r
 
 
 def _handover(slices: Sequence[WorkloadView], now: float, grace: float) -> bool:
@@ -251,18 +262,24 @@ def audit_owner(
             )
         live = [f for f in members if not f.pod.terminal and not f.pod.deleting]
         waiting = [f for f in live if f.pod.has_gate(gate)]
-        if waiting and released:
-            first_waiting = waiting[0]
-            later = [f.pod.name for f in released if _order(f) > _order(first_waiting)]
-            if later:
-                lower = [f.pod.name for f in waiting if _order(f) < _order(released[-1])]
-                add(
-                    OUT_OF_ORDER,
-                    name,
-                    later,
-                    f"pod set {name}: released {_names(later)} while earlier {_names(lower)} "
-                    "wait(s) gated",
-                )
+        passed = [
+            (r, w)
+            for r in released
+            for w in waiting
+            if _order(w) < _order(r) and _existed_before(w, r)
+        ]
+        if passed:
+            later = list(dict.fromkeys(r.pod.name for r, _ in passed))
+            lower = list(
+                dict.fromkeys(w.pod.name for _, w in sorted(passed, key=lambda p: _order(p[1])))
+            )
+            add(
+                OUT_OF_ORDER,
+                name,
+                later,
+                f"pod set {name}: released {_names(later)} while earlier {_names(lower)} "
+                "wait(s) gated",
+            )
         foreign = [
             (f.pod.name, [g for g in f.pod.gates if g != gate])
             for f in released

@@ -112,6 +112,60 @@ class Event:
     resource: str  # "pod", "workload", "owner"
     kind: str  # ADDED, MODIFIED, DELETED
     obj: dict[str, Any]
+    at: float = field(default_factory=time.monotonic)  # when the watch received it
+
+
+@dataclass
+class Excess:
+    """A span, in resourceVersion order, during which one pod set of the owner had more live pods
+    without a gate than its active slice admits (``limit``: min(spec count, admitted count) of
+    the newest admitted slice that is neither finished nor evicted). ``start``/``end`` are when
+    the watch received the events that opened and closed it (monotonic; ``end`` None: still
+    open); ``released`` holds every set of live released pod names seen during it, in order."""
+
+    workload: str
+    pod_set: str
+    limit: int
+    start_rv: int
+    start: float
+    released: list[frozenset[str]] = field(default_factory=list)
+    end_rv: int | None = None
+    end: float | None = None
+
+    def seconds(self, now: float | None = None) -> float:
+        end = self.end if self.end is not None else (now or time.monotonic())
+        return end - self.start
+
+    def line(self) -> str:
+        most = max(len(r) for r in self.released)
+        until = f"rv {self.end_rv}" if self.end_rv is not None else "the end"
+        return (
+            f"{self.workload}/{self.pod_set}: up to {most} live released for {self.limit}, "
+            f"rv {self.start_rv} to {until} (at {self.start:.2f}, {self.seconds():.2f}s)"
+        )
+
+
+def active_slice_of(workloads: list[dict[str, Any]], owner_uid: str) -> dict[str, Any] | None:
+    """The owner's newest slice that is admitted, not finished and not evicted (a replacement
+    is newer than the slice it replaces, even within the same second)."""
+    mine = [w for w in workloads if controller_uid(w) == owner_uid]
+    keys = {f"{w['metadata']['namespace']}/{w['metadata']['name']}": w for w in mine}
+
+    def depth(w: dict[str, Any]) -> int:
+        n, seen = 0, set()
+        while (up := w["metadata"].get("annotations", {}).get(REPLACES)) in keys and up not in seen:
+            seen.add(up)
+            w, n = keys[up], n + 1
+        return n
+
+    live = [
+        w
+        for w in mine
+        if _cond(w, "Admitted") and not _cond(w, "Finished") and not _cond(w, "Evicted")
+    ]
+    if not live:
+        return None
+    return max(live, key=lambda w: (w["metadata"]["creationTimestamp"], depth(w)))
 
 
 @dataclass
@@ -216,6 +270,54 @@ class SliceWatch:
                     f"in {pod_set} > min(cap {caps.get(pod_set, 0)}, owner size {size})"
                 )
         return violations
+
+    def excess(self, gate: str = KUEUE_GATE) -> list[Excess]:
+        """Replay every event in resourceVersion order and return the spans during which a pod
+        set had more live pods without ``gate`` than the owner's active slice admits, whoever
+        removed the gate (a span ends when the count is back within the limit, or the active
+        slice changes)."""
+        pods: dict[str, dict[str, Any]] = {}
+        workloads: dict[str, dict[str, Any]] = {}
+        open_: dict[str, Excess] = {}
+        out: list[Excess] = []
+        seen: set[tuple[int, str]] = set()
+        for ev in sorted(self.events, key=lambda e: e.rv):
+            uid = ev.obj["metadata"]["uid"]
+            if (ev.rv, uid) in seen or ev.resource == "owner":
+                continue
+            seen.add((ev.rv, uid))
+            if ev.resource == "workload":
+                target = workloads
+            elif self.owner_of_pod(ev.obj) == self.owner_uid:
+                target = pods
+            else:
+                continue
+            if ev.kind == "DELETED":
+                target.pop(uid, None)
+            else:
+                target[uid] = ev.obj
+            active = active_slice_of(list(workloads.values()), self.owner_uid)
+            caps = slice_caps(active) if active is not None else {}
+            name = active["metadata"]["name"] if active is not None else ""
+            released: dict[str, set[str]] = {}
+            for p in released_by(list(pods.values()), gate):
+                released.setdefault(self.pod_set_of(p), set()).add(p["metadata"]["name"])
+            for pod_set in sorted(set(open_) | set(caps)):
+                names = frozenset(released.get(pod_set, ()))
+                over = pod_set in caps and len(names) > caps[pod_set]
+                current = open_.get(pod_set)
+                if current is not None and (not over or current.workload != name):
+                    current.end_rv, current.end = ev.rv, ev.at
+                    out.append(open_.pop(pod_set))
+                    current = None
+                if not over:
+                    continue
+                if current is None:
+                    current = open_[pod_set] = Excess(name, pod_set, caps[pod_set], ev.rv, ev.at)
+                if not current.released or current.released[-1] != names:
+                    current.released.append(names)
+        out.extend(open_.values())
+        return sorted(out, key=lambda x: x.start_rv)
 
     # ------------------------------------------------------------------ steps
     async def counts(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:

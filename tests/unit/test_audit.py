@@ -148,6 +148,17 @@ def test_order_and_foreign_gates_are_informational() -> None:
     assert OUT_OF_ORDER not in in_order and FOREIGN_GATES not in in_order
 
 
+def test_a_pod_created_after_the_released_ones_is_not_passed_over() -> None:
+    """KubeRay gives a new worker the lowest free replica index: released workers with higher
+    indexes, released before it existed, were not released out of order (seen beside the real
+    KubeRay v1.6.1); one that existed first (created no later) was passed over."""
+    slices = [wl_view(pod_sets={"main": 3}, admitted={"main": 3})]
+    newer = gated(0, created=20)
+    assert OUT_OF_ORDER not in run(slices, [newer, released(1, created=10), released(2)])
+    found = run(slices, [newer, released(1, created=10), released(2, created=20)])
+    assert found[OUT_OF_ORDER].pods == ("p2",) and "while earlier p0" in found[OUT_OF_ORDER].message
+
+
 def test_nothing_to_report_on_a_healthy_owner() -> None:
     slices = [wl_view(pod_sets={"main": 3}, admitted={"main": 2})]
     assert run(slices, [released(0), released(1), gated(2)], now=T0 + 1000) == {}
