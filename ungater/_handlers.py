@@ -169,6 +169,7 @@ class EventHandlers:
                 self.notices.foreign_release(new, rt)
             if new is None and not any(pod.uid in k.pods.by_uid for k in s.kinds.values()):
                 s.ours.discard(pod.uid)  # no view holds it any more
+                s.written.pop(pod.uid, None)
                 s.foreign_seen.discard(pod.uid)
                 s.releasable.pod_gone(pod.uid)
             if old is not None and new is not None and not _relevant_change(old, new):

@@ -20,7 +20,7 @@ from ungater._kube import PODS, ApiError
 from ungater._model import parse_pod
 from ungater._notices import Notices
 from ungater._patches import release_patch
-from ungater._state import KindRuntime, State
+from ungater._state import KindRuntime, State, resource_version_number
 
 __all__ = ["BLOCKED", "CONFLICT", "DELETING", "ERROR", "GONE", "RELEASED", "SKIPPED", "Patcher"]
 
@@ -86,7 +86,11 @@ class Patcher:
             s.stats.patch_errors += 1
             log.warning("patching pod %s/%s failed: %r", r.pod.namespace, r.pod.name, exc)
             return ERROR
-        if ((patched or {}).get("metadata") or {}).get("deletionTimestamp"):
+        meta = (patched or {}).get("metadata") or {}
+        written = resource_version_number(str(meta.get("resourceVersion") or ""))
+        if written is not None:
+            s.written[r.pod.uid] = written  # the gate is gone from here on, by our hand
+        if meta.get("deletionTimestamp"):
             # the gate is gone, but so is the pod: a terminating pod runs nothing and frees
             # its slot, so this is no release (not counted, logged or announced)
             s.stats.released_deleting += 1
@@ -95,8 +99,8 @@ class Patcher:
 
     async def check_foreign_release(self, r: Release, rt: KindRuntime) -> None:
         """Our guarded patch was refused: if the gate is gone, another writer released the pod."""
-        if r.pod.uid in self.s.foreign_seen:
-            return
+        if r.pod.uid in self.s.foreign_seen or r.pod.uid in self.s.written:
+            return  # reported already, or the gate went by an earlier write of ours
         fresh = await self.s.client.get(PODS, r.pod.namespace, r.pod.name)
         if fresh is None:
             return

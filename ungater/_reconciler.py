@@ -24,6 +24,7 @@ from ungater._model import (
     ADMITTED,
     MalformedObject,
     ObjectRef,
+    PodView,
     WorkloadView,
     parse_pod,
     parse_workload,
@@ -141,13 +142,27 @@ class Reconciler:
             slices,
             facts,
             rt.gate,
-            self.s.expectations.pending(key),
+            self.s.expectations.pending(key) | self._behind_our_writes(pods),
             apply_pod_set_updates=self.s.config.apply_pod_set_updates,
             desired=desired,
             blocked=self.s.blocked.waiting(p.uid for p in pods),
         )
 
     # -- views that may be stale -----------------------------------------------------------------
+
+    def _behind_our_writes(self, pods: list[PodView]) -> frozenset[str]:
+        """Pods whose view predates our own release of them: in flight, whatever the view says.
+
+        Expectations cover the usual wait for the deciding watch; this covers the rest (an
+        expectation expired and settled while this view still lags), with no clock involved.
+        """
+        written = self.s.written
+        return frozenset(
+            p.uid
+            for p in pods
+            if p.uid in written
+            and (resource_version_number(p.resource_version) or -1) < written[p.uid]
+        )
 
     def _owner_may_be_stale(self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef) -> bool:
         freed = self.s.freed_rv.get(key)
@@ -281,11 +296,11 @@ class Reconciler:
                 retry = True
             elif outcome == BLOCKED:
                 s.expectations.observe(r.pod.uid)  # refused: nothing of ours in flight
-                s.ours.discard(r.pod.uid)
+                self._disown(r.pod.uid)
                 refused.append(r)
             elif outcome in (GONE, CONFLICT, SKIPPED):
                 s.expectations.observe(r.pod.uid)  # nothing of ours is in flight there
-                s.ours.discard(r.pod.uid)
+                self._disown(r.pod.uid)
                 if outcome == CONFLICT:
                     await self.patcher.check_foreign_release(r, rt)
                 retry = retry or outcome != SKIPPED
@@ -300,6 +315,11 @@ class Reconciler:
             # the cache was behind the server: re-decide, but back off per key, so that a
             # lagging watch cannot turn into a hot loop of refused patches
             raise Changed(key)
+
+    def _disown(self, uid: str) -> None:
+        """This patch did not land: the pod is not ours, unless an earlier release of ours did."""
+        if uid not in self.s.written:
+            self.s.ours.discard(uid)
 
     def _announce(
         self,

@@ -118,6 +118,9 @@ class State:
         self.expectations = Expectations(config.expectations_timeout_seconds, clock)
         self.decisions: dict[OwnerKey, Decision] = {}  # each owner's last decision
         self.ours: set[str] = set()  # pods we are patching or have patched, to spot others
+        # pod UID -> the resourceVersion our release wrote: a view of the pod older than that
+        # has not seen our write, whatever watch it came from, and must not be decided on
+        self.written: dict[str, int] = {}
         self.foreign_seen: set[str] = set()  # pods already reported released by another
         rb = config.release_blocked
         self.blocked = BlockedReleases(  # releases refused for good, per pod

@@ -246,3 +246,34 @@ async def test_an_owner_grown_back_before_the_lowered_slice_is_seen_waits() -> N
         for i in range(1, 4):
             fake.put(PODS, job_pod(j, index=i, created=10 + i, seed="again"))
         await holds_for(lambda: len(live_released(fake)) <= 1, 1.0, what="cap 1 until admitted")
+
+
+@pytest.mark.anyio
+async def test_a_pod_that_ended_before_the_view_showed_our_release_is_not_repatched() -> None:
+    """Our release of pod 0 lands, then pod 0 fails, and the pod watch has shown neither when
+    the expectation expires. The API server's answer (released, ended) settles it, but the view
+    still shows pod 0 gated and live: it must stay in flight, not be patched again, refused,
+    and reported as a release by someone else."""
+    fake = FakeKube()
+    client = Lagging(fake)
+    j = fake.put(JOBS, job("train", parallelism=2, completions=2))
+    pods = [fake.put(PODS, job_pod(j, index=i, created=1 + i)) for i in range(2)]
+    held = client.hold("pods")
+    cfg = config(("batch", "Job")).model_copy(update={"expectations_timeout_seconds": 0.2})
+    async with running(client, cfg) as ctl:
+        fake.put(WORKLOADS, workload(j, {"main": 2}, admitted={"main": 1}))
+        await eventually(lambda: pod_patches(fake) == 1, what="the first release")
+        ended = fake.read(PODS, NAMESPACE, pods[0]["metadata"]["name"]) or {}
+        ended["status"]["phase"] = "Failed"
+        fake.put(PODS, ended)
+        await anyio.sleep(0.3)  # the expectation expires; a Workload event brings a reconcile
+        fake.put(WORKLOADS, workload(j, {"main": 2}, admitted={"main": 1}, seed="touched"))
+        await holds_for(lambda: pod_patches(fake) == 1, 0.8, what="no patch on the stale view")
+        assert ctl.stats.patch_conflicts == 0
+        assert ctl.stats.foreign_releases == 0
+        held.set()
+        # once the view catches up, the failed pod's slot is refilled with pod 1
+        await eventually(
+            lambda: live_released(fake) == [pods[1]["metadata"]["name"]], what="refill"
+        )
+        assert ctl.stats.foreign_releases == 0
