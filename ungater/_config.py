@@ -408,10 +408,13 @@ class Config(_Model):
                 "leaderElection.shardByNamespace needs `namespaces`: a shard of all namespaces "
                 "would overlap every other shard"
             )
-        if le.shard_by_namespace and le.lease_name:
+        derived = shard_lease_name(self.gates, self.namespaces) if le.shard_by_namespace else ""
+        if le.shard_by_namespace and le.lease_name and le.lease_name != derived:
+            # the derived name itself is accepted: what `check-config` prints must load again
             raise ValueError(
                 "leaderElection.shardByNamespace derives the Lease name from the gates and "
-                "namespaces; leave leaseName unset, so no two shards can share or mistype one"
+                f"namespaces ({derived}); leave leaseName unset, so no two shards can share or "
+                "mistype one"
             )
         return self
 

@@ -11,13 +11,17 @@ admitted slice.  The two counts side by side are the differential record.
 
 from __future__ import annotations
 
+import http.client
+import json
+import ssl
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import yaml
 
 from tests.integration.k8s import Kube
 from tests.objects import PODS, WORKLOADS, gates_of
@@ -27,6 +31,75 @@ UNGATER_GATE = "example.com/ungater"
 KUEUE_GATE = "kueue.x-k8s.io/elastic-job"
 SLICE_NAME = "kueue.x-k8s.io/workload-slice-name"
 REPLACES = "kueue.x-k8s.io/workload-slice-replacement-for"
+
+VAP = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+BINDINGS = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+
+
+def as_kueue(plane: Any, method: str, path: str, body: Any, content_type: str) -> int:
+    """One request under Kueue's own service account (its token from its kubeconfig)."""
+    kubeconfig = yaml.safe_load(plane.peers.kubeconfigs["kueue"].read_text())
+    token = kubeconfig["users"][0]["user"]["token"]
+    context = ssl.create_default_context(cafile=str(plane.ca_path))
+    conn = http.client.HTTPSConnection(
+        "127.0.0.1", plane.apiserver_port, timeout=10, context=context
+    )
+    try:
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": content_type}
+        conn.request(method, path, body=json.dumps(body).encode(), headers=headers)
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+@contextmanager
+def gate_policy_in_force(
+    plane: Any, ns: str, docs: Sequence[dict[str, Any]], probe_labels: dict[str, str]
+) -> Iterator[None]:
+    """Create admission policies and bindings (``docs``) and return once they are in force:
+    a dry-run removal of Kueue's gate, under Kueue's account, from a probe pod in ``ns`` with
+    ``probe_labels`` is refused (the API server loads a new policy a moment after it is
+    created). Everything made is deleted on the way out."""
+    probe_name = "policy-probe"
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": probe_name, "labels": probe_labels},
+        "spec": {
+            "schedulingGates": [{"name": KUEUE_GATE}],
+            "containers": [{"name": "c", "image": "registry.invalid/probe:1"}],
+        },
+    }
+    made: list[str] = []
+    pod = f"/api/v1/namespaces/{ns}/pods/{probe_name}"
+    try:
+        for doc in docs:
+            path = VAP if doc["kind"] == "ValidatingAdmissionPolicy" else BINDINGS
+            status, body = plane.request("POST", path, doc)
+            assert status == 201, body
+            made.append(f"{path}/{doc['metadata']['name']}")
+        status, body = plane.request("POST", f"/api/v1/namespaces/{ns}/pods", probe)
+        assert status == 201, body
+        made.append(pod)
+        removal = [{"op": "remove", "path": "/spec/schedulingGates/0"}]
+        for _ in range(120):  # 30 s at most
+            code = as_kueue(
+                plane, "PATCH", f"{pod}?dryRun=All", removal, "application/json-patch+json"
+            )
+            if code in (403, 422):
+                break
+            time.sleep(0.25)
+        else:
+            raise AssertionError("the admission policy was not in force after 30 s")
+        plane.request("DELETE", pod)
+        made.remove(pod)
+        yield
+    finally:
+        for path in reversed(made):
+            plane.request("DELETE", path)
+
 
 #: owner kind -> (resource, desired size per pod set of the raw object)
 SizeOf = Callable[[dict[str, Any]], dict[str, int]]

@@ -36,10 +36,10 @@ from tests.integration.realpeers import (
     SliceWatch,
     active_slice_of,
     controller_uid,
+    gate_policy_in_force,
     is_live,
     kueue_pod_set,
 )
-from tests.integration.test_real_sole_releaser import BINDINGS, VAP, _as_kueue
 from tests.integration.test_release_blocked import events_with, observed_controller
 from tests.objects import PODS, WORKLOADS, gates_of
 from tests.polling import eventually
@@ -144,37 +144,8 @@ def hold_policy(kueue_cluster: Any, kueue_namespace: str) -> Iterator[None]:
         "metadata": {"name": name},
         "spec": {"policyName": name, "validationActions": ["Deny"]},
     }
-    probe = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "hold-probe", "labels": {HOLD: "true"}},
-        "spec": {
-            "schedulingGates": [{"name": KUEUE_GATE}],
-            "containers": [{"name": "c", "image": "registry.invalid/probe:1"}],
-        },
-    }
-    made: list[str] = []
-    try:
-        for path, doc in ((VAP, policy), (BINDINGS, binding)):
-            status, body = kueue_cluster.request("POST", path, doc)
-            assert status == 201, body
-            made.append(f"{path}/{name}")
-        status, body = kueue_cluster.request("POST", f"/api/v1/namespaces/{ns}/pods", probe)
-        assert status == 201, body
-        removal = [{"op": "remove", "path": "/spec/schedulingGates/0"}]
-        pod = f"/api/v1/namespaces/{ns}/pods/hold-probe?dryRun=All"
-        for _ in range(120):
-            code = _as_kueue(kueue_cluster, "PATCH", pod, removal, "application/json-patch+json")
-            if code in (403, 422):
-                break
-            time.sleep(0.25)
-        else:
-            pytest.fail("the hold policy was not in force after 30 s")
-        kueue_cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/hold-probe")
+    with gate_policy_in_force(kueue_cluster, ns, (policy, binding), {HOLD: "true"}):
         yield
-    finally:
-        for path in reversed(made):
-            kueue_cluster.request("DELETE", path)
 
 
 class Reports:

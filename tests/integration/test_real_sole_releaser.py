@@ -8,11 +8,7 @@ the gate and stands down to audit."""
 
 from __future__ import annotations
 
-import http.client
-import json
 import logging
-import ssl
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +19,13 @@ import yaml
 
 from tests.integration.conftest import config_for, running_controller
 from tests.integration.k8s import Kube
-from tests.integration.realpeers import KUEUE_GATE, SliceWatch, controller_uid, is_live
+from tests.integration.realpeers import (
+    KUEUE_GATE,
+    SliceWatch,
+    controller_uid,
+    gate_policy_in_force,
+    is_live,
+)
 from tests.integration.test_real_jobs import index, job_size, pending_slice
 from tests.objects import JOBS, PODS, WORKLOADS, gates_of
 from tests.polling import eventually
@@ -31,67 +33,14 @@ from tests.polling import eventually
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 POLICY = Path(__file__).resolve().parents[2] / "deploy/manifests/optional/admission-policy.yaml"
-VAP = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
-BINDINGS = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
-
-
-def _as_kueue(plane: Any, method: str, path: str, body: Any, content_type: str) -> int:
-    """One request under Kueue's own service account (its token from its kubeconfig)."""
-    kubeconfig = yaml.safe_load(plane.peers.kubeconfigs["kueue"].read_text())
-    token = kubeconfig["users"][0]["user"]["token"]
-    context = ssl.create_default_context(cafile=str(plane.ca_path))
-    conn = http.client.HTTPSConnection(
-        "127.0.0.1", plane.apiserver_port, timeout=10, context=context
-    )
-    try:
-        headers = {"Authorization": f"Bearer {token}", "Content-Type": content_type}
-        conn.request(method, path, body=json.dumps(body).encode(), headers=headers)
-        response = conn.getresponse()
-        response.read()
-        return response.status
-    finally:
-        conn.close()
 
 
 @pytest.fixture
 def guarded(kueue_cluster: Any, kueue_namespace: str) -> Iterator[None]:
-    """The shipped policy and binding, applied to the Kueue cluster for one test, and in force:
-    a dry-run removal of the gate by Kueue's account is refused before the test starts (the API
-    server loads a new policy a moment after it is created)."""
+    """The shipped policy and binding, applied to the Kueue cluster for one test, and in force."""
     docs = [d for d in yaml.safe_load_all(POLICY.read_text()) if d]
-    made: list[str] = []
-    ns = kueue_namespace
-    probe = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "policy-probe"},
-        "spec": {
-            "schedulingGates": [{"name": KUEUE_GATE}],
-            "containers": [{"name": "c", "image": "registry.invalid/probe:1"}],
-        },
-    }
-    try:
-        for doc in docs:
-            path = VAP if doc["kind"] == "ValidatingAdmissionPolicy" else BINDINGS
-            status, body = kueue_cluster.request("POST", path, doc)
-            assert status == 201, body
-            made.append(f"{path}/{doc['metadata']['name']}")
-        status, body = kueue_cluster.request("POST", f"/api/v1/namespaces/{ns}/pods", probe)
-        assert status == 201, body
-        removal = [{"op": "remove", "path": "/spec/schedulingGates/0"}]
-        pod = f"/api/v1/namespaces/{ns}/pods/policy-probe?dryRun=All"
-        for _ in range(120):
-            code = _as_kueue(kueue_cluster, "PATCH", pod, removal, "application/json-patch+json")
-            if code in (403, 422):
-                break
-            time.sleep(0.25)
-        else:
-            pytest.fail("the admission policy was not in force after 30 s")
+    with gate_policy_in_force(kueue_cluster, kueue_namespace, docs, {}):
         yield
-    finally:
-        kueue_cluster.request("DELETE", f"/api/v1/namespaces/{ns}/pods/policy-probe")
-        for path in reversed(made):
-            kueue_cluster.request("DELETE", path)
 
 
 def elastic_job(name: str, parallelism: int) -> dict[str, Any]:

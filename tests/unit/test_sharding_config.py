@@ -65,3 +65,20 @@ def test_a_shard_without_namespaces_or_with_a_typed_lease_name_is_refused(
 ) -> None:
     with pytest.raises(ValueError, match=needle):
         Config.model_validate(raw)
+
+
+def test_what_check_config_prints_for_a_shard_loads_again_as_the_same_shard(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`check-config` prints the derived leaseName; fed back, that file is the same shard."""
+    from ungater._cli import main
+
+    src = tmp_path / "shard.yaml"
+    src.write_text("namespaces: [b, a]\nleaderElection: {shardByNamespace: true}\n")
+    assert main(["check-config", str(src)]) == 0
+    printed = capsys.readouterr().out
+    again = tmp_path / "again.yaml"
+    again.write_text(printed)
+    assert main(["check-config", str(again)]) == 0
+    assert capsys.readouterr().out == printed
+    assert config(["a", "b"]).lease_name in printed
