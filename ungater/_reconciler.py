@@ -296,11 +296,11 @@ class Reconciler:
                 retry = True
             elif outcome == BLOCKED:
                 s.expectations.observe(r.pod.uid)  # refused: nothing of ours in flight
-                self._disown(r.pod.uid)
+                s.ours.discard(r.pod.uid)
                 refused.append(r)
             elif outcome in (GONE, CONFLICT, SKIPPED):
                 s.expectations.observe(r.pod.uid)  # nothing of ours is in flight there
-                self._disown(r.pod.uid)
+                s.ours.discard(r.pod.uid)
                 if outcome == CONFLICT:
                     await self.patcher.check_foreign_release(r, rt)
                 retry = retry or outcome != SKIPPED
@@ -315,11 +315,6 @@ class Reconciler:
             # the cache was behind the server: re-decide, but back off per key, so that a
             # lagging watch cannot turn into a hot loop of refused patches
             raise Changed(key)
-
-    def _disown(self, uid: str) -> None:
-        """This patch did not land: the pod is not ours, unless an earlier release of ours did."""
-        if uid not in self.s.written:
-            self.s.ours.discard(uid)
 
     def _announce(
         self,

@@ -18,7 +18,7 @@ from ungater._decision import Release
 from ungater._kube import PODS, ApiError
 from ungater._metrics import Metrics
 from ungater._model import PodView, parse_pod
-from ungater._patcher import BLOCKED, CONFLICT, ERROR, GONE, RELEASED, Patcher
+from ungater._patcher import BLOCKED, CONFLICT, DELETING, ERROR, GONE, RELEASED, Patcher
 from ungater._state import State, Stats
 
 OTHER_GATE = "example.com/other"
@@ -199,3 +199,36 @@ async def test_a_patch_with_an_unknown_outcome_is_counted_each_time(failure: Exc
         assert await p.release(r) == ERROR
     assert state.stats.patch_errors == 2
     assert (state.stats.patch_blocked, state.stats.patch_conflicts) == (0, 0)
+
+
+async def test_a_release_landing_on_a_terminating_pod_is_no_release() -> None:
+    """The guarded patch succeeds on a pod already being deleted: the gate is gone, but the pod
+    runs nothing, so the outcome is ``deleting`` (counted apart), never ``released``."""
+    fake = FakeKube()
+    raw = pod("d")
+    raw["metadata"]["finalizers"] = ["example.com/keep"]
+    r = release_of(fake.put(PODS, raw))
+    fake.delete(PODS, NS, "d")  # terminating, still gated
+    live = release_of(fake.put(PODS, pod("e")))
+    metrics = Metrics()
+    p, _, state = patcher(fake, metrics)
+    assert await p.release(r) == DELETING
+    assert await p.release(live) == RELEASED
+    assert (state.stats.released_deleting, patches_total(metrics)) == (
+        1,
+        {"deleting": 1.0, "released": 1.0},
+    )
+
+
+async def test_our_own_earlier_release_is_remembered_and_never_taken_for_someone_elses() -> None:
+    """Each landed release records the resourceVersion it wrote; a later refused re-patch of
+    that pod (decided on a view older than that write) is no foreign release."""
+    fake = FakeKube()
+    r = release_of(fake.put(PODS, pod("f")))
+    p, notices, state = patcher(fake)
+    assert await p.release(r) == RELEASED
+    written = (fake.read(PODS, NS, "f") or {})["metadata"]["resourceVersion"]
+    assert state.written == {"uid-f": int(written)}
+    assert await p.release(r) == CONFLICT  # the same stale view again: refused
+    await p.check_foreign_release(r, None)  # type: ignore[arg-type]
+    assert notices.foreign == []

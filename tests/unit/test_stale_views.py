@@ -277,3 +277,9 @@ async def test_a_pod_that_ended_before_the_view_showed_our_release_is_not_repatc
             lambda: live_released(fake) == [pods[1]["metadata"]["name"]], what="refill"
         )
         assert ctl.stats.foreign_releases == 0
+        # what we wrote is remembered while a view holds the pod, and forgotten with the pod
+        first, second = (p["metadata"]["uid"] for p in pods)
+        assert set(ctl.state.written) == {first, second}
+        fake.finalize(PODS, NAMESPACE, pods[0]["metadata"]["name"])
+        fake.delete(PODS, NAMESPACE, pods[0]["metadata"]["name"])
+        await eventually(lambda: set(ctl.state.written) == {second}, what="forgotten when gone")
