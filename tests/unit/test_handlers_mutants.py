@@ -209,3 +209,44 @@ def test_the_gate_is_the_kinds_own() -> None:
     """Sanity for the tables above: the pods are built with the gate the Job kind owns."""
     ctl = controller()
     assert runtime(ctl, "Job").gate == GATE
+
+
+async def test_a_raycluster_whose_size_changes_makes_room_for_its_rayjob() -> None:
+    """A RayJob's size lives on the RayCluster it is selected through (``select_via``): the
+    RayCluster growing restarts the wait clock of the RayJob's gated pods, a new version with
+    the same size does not, and either way the RayJob is queued."""
+    import ungater_plugins.raycluster as raycluster_plugin
+    import ungater_plugins.rayjob as rayjob_plugin
+
+    from tests.unit.test_plugin_rayjob import cluster_of, ray_owner
+
+    clock = Clock()
+    config = Config.model_validate({"kinds": [{"group": "ray.io", "kind": "RayJob"}]})
+    registry = PluginRegistry.from_modules(
+        {"raycluster": raycluster_plugin, "rayjob": rayjob_plugin}
+    )
+    ctl = Controller(config, FakeKube(), registry, clock=clock)
+    rt = runtime(ctl, "RayJob")
+    owner = ray_owner("RayJob", "train")
+    key = admitted(ctl, owner, "workers", 4)
+    rc = cluster_of(owner, "train-raycluster-abcde", {"workers": (2, 1)})
+    parse = ctl.handlers.via_parser(rt)
+    ctl.handlers.on_object(None, parse(rc))
+    pod_uid = "uid-of-a-gated-worker"
+    ctl.state.releasable.pod_seen(pod_uid)
+    clock.now = 3.0
+    assert ctl.state.releasable.waited(key, pod_uid) == 3.0
+    await queued(ctl)
+    same = copy.deepcopy(rc)
+    same["metadata"]["resourceVersion"] = "950"
+    ctl.handlers.on_object(parse(rc), parse(same))
+    clock.now = 4.0
+    assert ctl.state.releasable.waited(key, pod_uid) == 4.0  # same size: the clock runs on
+    assert await queued(ctl) == [key]
+    grown = copy.deepcopy(same)
+    grown["spec"]["workerGroupSpecs"][0]["replicas"] = 4
+    grown["metadata"]["resourceVersion"] = "951"
+    ctl.handlers.on_object(parse(same), parse(grown))
+    clock.now = 6.0
+    assert ctl.state.releasable.waited(key, pod_uid) == 2.0  # grown: room made at 4.0
+    assert await queued(ctl) == [key]
