@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -62,6 +62,30 @@ class PluginInfo:
         }
 
 
+def _direct(pm: pluggy.PluginManager, hook: str, plugin: str) -> Callable[..., Any] | None:
+    """The one plain implementation of ``hook`` by ``plugin``, called with the arguments it
+    declares; None when pluggy's own dispatch is needed (wrappers, several implementations).
+
+    Every per-kind hook is ``firstresult`` and has exactly one implementation (the plugin that
+    serves the kind), so pluggy's generic dispatch gives the same answer at several times the
+    cost: called about four times per candidate pod, it was most of a reconcile
+    (docs/benchmarks.md).
+    """
+    caller = getattr(pm.hook, hook)
+    impls = [i for i in caller.get_hookimpls() if i.plugin_name == plugin]
+    spec = caller.spec
+    if len(impls) != 1 or spec is None or not spec.opts.get("firstresult"):
+        return None
+    if impls[0].hookwrapper or impls[0].wrapper:
+        return None
+    function, names = impls[0].function, impls[0].argnames
+
+    def call(**kwargs: Any) -> Any:
+        return function(*[kwargs[n] for n in names])
+
+    return call
+
+
 class KindHandler:
     """Typed calls into the one plugin that serves a kind."""
 
@@ -69,13 +93,18 @@ class KindHandler:
         self.spec = spec
         self.plugin = plugin
         others = [p for name, p in pm.list_name_plugin() if name != plugin.name]
-        self._pod_selector = pm.subset_hook_caller("ungater_pod_selector", others)
-        self._owns_pod = pm.subset_hook_caller("ungater_owns_pod", others)
-        self._pod_set = pm.subset_hook_caller("ungater_pod_set", others)
-        self._sort_key = pm.subset_hook_caller("ungater_sort_key", others)
-        self._release_group = pm.subset_hook_caller("ungater_release_group", others)
-        self._owner_facts = pm.subset_hook_caller("ungater_owner_facts", others)
-        self._desired_counts = pm.subset_hook_caller("ungater_desired_counts", others)
+
+        def caller(hook: str) -> Callable[..., Any]:
+            direct = _direct(pm, hook, plugin.name)
+            return direct if direct is not None else pm.subset_hook_caller(hook, others)
+
+        self._pod_selector = caller("ungater_pod_selector")
+        self._owns_pod = caller("ungater_owns_pod")
+        self._pod_set = caller("ungater_pod_set")
+        self._sort_key = caller("ungater_sort_key")
+        self._release_group = caller("ungater_release_group")
+        self._owner_facts = caller("ungater_owner_facts")
+        self._desired_counts = caller("ungater_desired_counts")
 
     @property
     def kind(self) -> Kind:
