@@ -101,6 +101,61 @@ def gate_policy_in_force(
             plane.request("DELETE", path)
 
 
+def ray_cluster_spec(
+    replicas: int,
+    *,
+    gates: Sequence[str] = (UNGATER_GATE,),
+    autoscaling: bool = False,
+    hosts: int | None = None,
+) -> dict[str, Any]:
+    """A RayCluster spec: a head and one worker group ``workers``, 1 CPU per pod, ``gates``
+    in every pod template; ``autoscaling``: in-tree autoscaling on (KubeRay then deletes only
+    the workers named in ``workersToDelete``, and Kueue counts workers only with it on)."""
+
+    def template() -> dict[str, Any]:
+        ray = {
+            "name": "ray",
+            "image": "registry.invalid/ray:2",
+            "resources": {"requests": {"cpu": "1"}},
+        }
+        spec: dict[str, Any] = {"containers": [ray]}
+        if gates:
+            spec["schedulingGates"] = [{"name": g} for g in gates]
+        return {"spec": spec}
+
+    group: dict[str, Any] = {
+        "groupName": "workers",
+        "replicas": replicas,
+        "minReplicas": 0,
+        "maxReplicas": 20,
+        "rayStartParams": {},
+        "template": template(),
+    }
+    if hosts is not None:
+        group["numOfHosts"] = hosts
+    spec: dict[str, Any] = {
+        "headGroupSpec": {"rayStartParams": {}, "template": template()},
+        "workerGroupSpecs": [group],
+    }
+    if autoscaling:
+        spec["enableInTreeAutoscaling"] = True
+    return spec
+
+
+def elastic_raycluster(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A RayCluster in the test's LocalQueue, marked elastic for Kueue."""
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {
+            "name": name,
+            "labels": {"kueue.x-k8s.io/queue-name": "user-queue"},
+            "annotations": {"kueue.x-k8s.io/elastic-job": "true"},
+        },
+        "spec": spec,
+    }
+
+
 #: owner kind -> (resource, desired size per pod set of the raw object)
 SizeOf = Callable[[dict[str, Any]], dict[str, int]]
 

@@ -36,9 +36,11 @@ from tests.integration.realpeers import (
     SliceWatch,
     active_slice_of,
     controller_uid,
+    elastic_raycluster,
     gate_policy_in_force,
     is_live,
     kueue_pod_set,
+    ray_cluster_spec,
 )
 from tests.integration.test_release_blocked import events_with, observed_controller
 from tests.objects import PODS, WORKLOADS, gates_of
@@ -62,34 +64,7 @@ QUOTA = 5  # CPUs: the head and 4 workers
 def rayclusters_autoscaled(name: str, replicas: int) -> dict[str, Any]:
     """An elastic RayCluster with no gate of its own (Kueue's webhook adds its gate) that
     autoscales in-tree: KubeRay deletes only the workers named in ``workersToDelete``."""
-
-    def template() -> dict[str, Any]:
-        ray = {"name": "ray", "image": "registry.invalid/ray:2"}
-        return {"spec": {"containers": [ray | {"resources": {"requests": {"cpu": "1"}}}]}}
-
-    return {
-        "apiVersion": "ray.io/v1",
-        "kind": "RayCluster",
-        "metadata": {
-            "name": name,
-            "labels": {"kueue.x-k8s.io/queue-name": "user-queue"},
-            "annotations": {"kueue.x-k8s.io/elastic-job": "true"},
-        },
-        "spec": {
-            "enableInTreeAutoscaling": True,
-            "headGroupSpec": {"rayStartParams": {}, "template": template()},
-            "workerGroupSpecs": [
-                {
-                    "groupName": "workers",
-                    "replicas": replicas,
-                    "minReplicas": 0,
-                    "maxReplicas": 20,
-                    "rayStartParams": {},
-                    "template": template(),
-                }
-            ],
-        },
-    }
+    return elastic_raycluster(name, ray_cluster_spec(replicas, gates=(), autoscaling=True))
 
 
 def sizes(rc: dict[str, Any]) -> dict[str, int]:

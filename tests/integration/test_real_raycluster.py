@@ -17,7 +17,9 @@ from tests.integration.k8s import RAYCLUSTERS, Kube
 from tests.integration.realpeers import (
     UNGATER_GATE,
     controller_uid,
+    elastic_raycluster,
     kueue_pod_set,
+    ray_cluster_spec,
     released_by,
     slice_watch,
 )
@@ -27,45 +29,8 @@ from tests.polling import eventually
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 
-def template() -> dict[str, Any]:
-    return {
-        "spec": {
-            "schedulingGates": [{"name": UNGATER_GATE}],
-            "containers": [
-                {
-                    "name": "ray",
-                    "image": "registry.invalid/ray:2",
-                    "resources": {"requests": {"cpu": "1"}},
-                }
-            ],
-        }
-    }
-
-
 def ray_cluster(name: str, replicas: int, hosts: int = 1) -> dict[str, Any]:
-    return {
-        "apiVersion": "ray.io/v1",
-        "kind": "RayCluster",
-        "metadata": {
-            "name": name,
-            "labels": {"kueue.x-k8s.io/queue-name": "user-queue"},
-            "annotations": {"kueue.x-k8s.io/elastic-job": "true"},
-        },
-        "spec": {
-            "headGroupSpec": {"rayStartParams": {}, "template": template()},
-            "workerGroupSpecs": [
-                {
-                    "groupName": "workers",
-                    "replicas": replicas,
-                    "minReplicas": 0,
-                    "maxReplicas": 20,
-                    "numOfHosts": hosts,
-                    "rayStartParams": {},
-                    "template": template(),
-                }
-            ],
-        },
-    }
+    return elastic_raycluster(name, ray_cluster_spec(replicas, hosts=hosts))
 
 
 def sizes(rc: dict[str, Any]) -> dict[str, int]:

@@ -28,6 +28,7 @@ from tests.integration.realpeers import (
     SliceWatch,
     controller_uid,
     kueue_pod_set,
+    ray_cluster_spec,
 )
 from tests.objects import PODS, WORKLOADS, gates_of
 from tests.polling import eventually
@@ -40,37 +41,8 @@ RAYSERVICES = Resource("ray.io", "v1", "rayservices", "RayService")
 KINDS = [{"group": "ray.io", "kind": "RayJob"}, {"group": "ray.io", "kind": "RayService"}]
 
 
-def template() -> dict[str, Any]:
-    return {
-        "spec": {
-            "schedulingGates": [{"name": UNGATER_GATE}],
-            "containers": [
-                {
-                    "name": "ray",
-                    "image": "registry.invalid/ray:2",
-                    "resources": {"requests": {"cpu": "1"}},
-                }
-            ],
-        }
-    }
-
-
 def cluster_spec(replicas: int) -> dict[str, Any]:
-    return {
-        # the autoscaler scales the RayCluster; Kueue counts its workers only with this on
-        "enableInTreeAutoscaling": True,
-        "headGroupSpec": {"rayStartParams": {}, "template": template()},
-        "workerGroupSpecs": [
-            {
-                "groupName": "workers",
-                "replicas": replicas,
-                "minReplicas": 0,
-                "maxReplicas": 20,
-                "rayStartParams": {},
-                "template": template(),
-            }
-        ],
-    }
+    return ray_cluster_spec(replicas, autoscaling=True)
 
 
 def meta(name: str) -> dict[str, Any]:
