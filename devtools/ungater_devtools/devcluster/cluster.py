@@ -15,6 +15,7 @@ import ctypes
 import http.client
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -78,12 +79,57 @@ class ProcessInfo:
         return self.popen.pid if self.popen is not None else None
 
 
+#: Ports this process has handed out, never handed out twice.
+_HANDED_OUT: set[int] = set()
+_PORT_PICKS = 200
+#: How often a process that lost its port to someone else is started again on new ports.
+PORT_ATTEMPTS = 3
+_PORT_TAKEN = "address already in use"
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listened on a moment ago."""
+    """A TCP port on 127.0.0.1 that nobody listened on a moment ago.
+
+    Picked below the kernel's ephemeral range, at random: a port from ``bind(0)`` lies in the
+    range every outgoing connection and every other ``bind(0)`` draws from, so between this
+    pick and the peer's own bind it is easily taken (seen: Kueue beside a second plane).  A
+    start that still loses the race is retried on new ports (:data:`PORT_ATTEMPTS`).
+    """
+    low, _ = _ephemeral_range()
+    rng = random.SystemRandom()
+    for _ in range(_PORT_PICKS):
+        port = rng.randrange(10000, max(10001, low))
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        picked: int = sock.getsockname()[1]
+    _HANDED_OUT.add(picked)
+    return picked
+
+
+def lost_port_race(log_path: Path) -> bool:
+    """Whether the last start logged in ``log_path`` failed because its port was taken."""
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return False
+    return _PORT_TAKEN in text.rsplit("\n==== ", 1)[-1].lower()
 
 
 def _tail(path: Path, lines: int = 30) -> str:
@@ -319,11 +365,19 @@ class LocalControlPlane:
             binaries = self.binaries
             crds = self._crds if self._crds is not None else ensure_crds()
             self._prepare()
-            self._start_etcd(binaries)
-            self._start_apiserver_process(binaries)
+            self.retry_port_race("etcd", lambda: self._start_etcd(binaries), self._new_etcd_ports)
+            self.retry_port_race(
+                "kube-apiserver",
+                lambda: self._start_apiserver_process(binaries),
+                self._new_apiserver_port,
+            )
             self._write_admin_kubeconfig()
             if self._controllers:
-                self._start_controller_manager(binaries)
+                self.retry_port_race(
+                    "kube-controller-manager",
+                    lambda: self._start_controller_manager(binaries),
+                    self._new_controller_manager_port,
+                )
             if self._peer_names:
                 from ungater_devtools.devcluster.peers import Peers
 
@@ -407,6 +461,36 @@ class LocalControlPlane:
             client=True,
         )
         pki.write_service_account_keys(self.pki_dir)
+
+    def retry_port_race(
+        self, name: str, start: Callable[[], None], new_ports: Callable[[], None]
+    ) -> None:
+        """Run ``start``; when process ``name`` exited because its port was taken, stop it,
+        call ``new_ports`` (which picks new ports and may spawn it again) and run ``start``
+        again, at most :data:`PORT_ATTEMPTS` times in all."""
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                start()
+                return
+            except ControlPlaneStartError:
+                info = self._procs.get(name)
+                if attempt == PORT_ATTEMPTS or info is None or not lost_port_race(info.log_path):
+                    raise
+                if info.popen is not None:
+                    terminate_pid(info.popen.pid, popen=info.popen)
+                    info.popen = None
+                new_ports()
+
+    def _new_etcd_ports(self) -> None:
+        shutil.rmtree(self._state_dir / "etcd", ignore_errors=True)
+        self.etcd_port = free_port()
+        self.etcd_peer_port = free_port()
+
+    def _new_apiserver_port(self) -> None:
+        self.apiserver_port = free_port()
+
+    def _new_controller_manager_port(self) -> None:
+        self.controller_manager_port = free_port()
 
     def spawn(
         self, name: str, args: list[str], *, env: dict[str, str] | None = None

@@ -24,6 +24,7 @@ import http.client
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -347,29 +348,42 @@ class Peers:
     def start(self) -> None:
         """Install everything, start the peers and wait until each is ready (bounded)."""
         from ungater_devtools.devcluster import pki
-        from ungater_devtools.devcluster.cluster import free_port
 
         started = time.monotonic()
-        bins = self.binaries
         self.directory.mkdir(parents=True, exist_ok=True)
         self._authority = pki.WebhookAuthority()
         for name in self.names:
-            self.health_ports[name] = free_port()
-            self.metrics_ports[name] = free_port()
-            if name != "kuberay":  # its webhooks are optional and off by default
-                self.webhook_ports[name] = free_port()
+            self._new_ports(name)
         self._install_crds()
         self.seconds["crds"] = round(time.monotonic() - started, 1)
-        if "kueue" in self.names:
-            self._setup_kueue(bins["kueue"])
-        if "jobset" in self.names:
-            self._setup_jobset(bins["jobset"])
-        if "kuberay" in self.names:
-            self._setup_kuberay(bins["kuberay"])
         for name in self.names:
-            self._wait_ready(name)
+            self._setup(name)
+        for name in self.names:
+            self.plane.retry_port_race(
+                name, partial(self._wait_ready, name), partial(self._restart_on_new_ports, name)
+            )
             self.seconds[f"{name} ready"] = round(time.monotonic() - started, 1)
         self.seconds["start"] = round(time.monotonic() - started, 1)
+
+    def _new_ports(self, name: str) -> None:
+        from ungater_devtools.devcluster.cluster import free_port
+
+        self.health_ports[name] = free_port()
+        self.metrics_ports[name] = free_port()
+        if name != "kuberay":  # its webhooks are optional and off by default
+            self.webhook_ports[name] = free_port()
+
+    def _restart_on_new_ports(self, name: str) -> None:
+        self._new_ports(name)
+        self._setup(name)
+
+    def _setup(self, name: str) -> None:
+        setup = {
+            "kueue": self._setup_kueue,
+            "jobset": self._setup_jobset,
+            "kuberay": self._setup_kuberay,
+        }[name]
+        setup(self.binaries[name])
 
     def _setup_kueue(self, binary: PeerBinary) -> None:
         import yaml
