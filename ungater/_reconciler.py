@@ -11,7 +11,10 @@ and in audit mode compares instead of patching. Patch requests and their outcome
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
+
+import anyio
 
 from ungater._assess import owner_facts_of, owner_of, pod_facts, pod_selectors, via_objects
 from ungater._cache import OwnerKey
@@ -74,19 +77,18 @@ class Reconciler:
                 return None
             await self._settle_expired(key, rt, expired)
         decision = self._decide(key, rt, owner, slices)
-        if decision.releases and self._owner_may_be_stale(key, rt, owner):
-            # a released pod ended after our last view of the owner: the owner may have shrunk
-            # first (scale-down), so refill nothing until a fresh read says how big it is now
-            if not await self._refresh_owner(rt, key.namespace, owner):
-                return None
-            decision = self._decide(key, rt, owner, slices)
-        if decision.releases and self._slice_may_be_stale(key, slices):
-            # the same for the slice: Kueue lowers a shrunk owner's slice in place after its
-            # pods went; an owner grown back meanwhile must not refill under the old count
-            slices = await self._refresh_slice(key, slices)
-            if not slices:
-                return None
-            decision = self._decide(key, rt, owner, slices)
+        if decision.releases:
+            # a released pod ended after our last view of the owner or of its slice: the owner
+            # may have shrunk first (scale-down), and Kueue lowers a shrunk owner's slice in
+            # place after its pods went; refill nothing until fresh reads say how big both are
+            stale_owner = self._owner_may_be_stale(key, rt, owner)
+            stale_slice = self._slice_may_be_stale(key, slices)
+            if stale_owner or stale_slice:
+                fresh = await self._refresh(key, rt, owner, slices, stale_owner, stale_slice)
+                if not fresh:
+                    return None
+                slices = fresh
+                decision = self._decide(key, rt, owner, slices)
         self.notices.stuck(key, decision)
         s.decisions[key] = decision
         if decision.releases:
@@ -182,6 +184,39 @@ class Reconciler:
             return False
         rv = resource_version_number(active.resource_version)
         return rv is None or rv < freed
+
+    async def _refresh(
+        self,
+        key: OwnerKey,
+        rt: KindRuntime,
+        owner: ObjectRef,
+        slices: list[WorkloadView],
+        stale_owner: bool,
+        stale_slice: bool,
+    ) -> list[WorkloadView]:
+        """The quorum reads the fence needs, at once (one round trip, not two): the owner's
+        slices as they are now, or none when nothing may be released for it."""
+        results: dict[str, object] = {}
+
+        async def read(what: str, fn: Callable[[], Awaitable[object]]) -> None:
+            try:
+                results[what] = await fn()
+            except Exception as exc:  # re-raised below as itself, not as an exception group
+                results[what] = exc
+
+        async with anyio.create_task_group() as tg:
+            if stale_owner:
+                tg.start_soon(read, "owner", partial(self._refresh_owner, rt, key.namespace, owner))
+            if stale_slice:
+                tg.start_soon(read, "slice", partial(self._refresh_slice, key, slices))
+        for result in results.values():
+            if isinstance(result, Exception):
+                raise result
+        if results.get("owner") is False:
+            return []
+        fresh = results.get("slice", slices)
+        assert isinstance(fresh, list)
+        return fresh
 
     async def _refresh_slice(self, key: OwnerKey, slices: list[WorkloadView]) -> list[WorkloadView]:
         """Read the active slice from the API server (a quorum read) into the Workload cache;
