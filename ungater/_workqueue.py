@@ -89,6 +89,10 @@ class WorkQueue(Generic[K]):
         return self._failures.get(key, 0)
 
     async def get(self) -> K:
+        """The next key; always a suspension point, so that a worker whose reconciles need no
+        I/O (thousands of idle keys after a sync) still lets the Lease renewal, the watches
+        and the health probes run between keys."""
+        await asyncio.sleep(0)
         while not self._queue:
             if self._shutdown:
                 raise QueueShutDown

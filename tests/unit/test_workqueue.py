@@ -261,3 +261,31 @@ async def test_after_shut_down() -> None:
     assert len(q) == 0
     with pytest.raises(QueueShutDown):
         await _get(q)
+
+
+@pytest.mark.anyio
+async def test_a_worker_with_nothing_to_await_still_lets_other_tasks_run_between_keys() -> None:
+    """After a sync of 10k owners, reconciles that need no I/O kept one worker running for
+    10 s without a suspension point: the Lease renewal missed its deadline (seen at 100k pods).
+    ``get`` yields on every call, so another task runs before the second key is handed out."""
+    q: WorkQueue[int] = WorkQueue()
+    for k in range(1000):
+        q.add(k)
+    handed_out = 0
+    seen_at: list[int] = []
+
+    async def worker() -> None:
+        nonlocal handed_out
+        while len(q):
+            key = await q.get()
+            handed_out += 1
+            q.done(key)  # a reconcile that awaits nothing
+
+    async def renewal() -> None:
+        seen_at.append(handed_out)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker)
+        tg.start_soon(renewal)
+    assert handed_out == 1000
+    assert seen_at and seen_at[0] <= 1
