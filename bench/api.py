@@ -29,6 +29,7 @@ __all__ = ["BenchApi", "bounded_gather"]
 
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 T = TypeVar("T")
+_DELETE_ATTEMPTS = 10
 
 
 async def bounded_gather(
@@ -82,7 +83,15 @@ class BenchApi:
         from kubernetes_asyncio import client
 
         core = client.CoreV1Api(self._api)
-        await core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+        # 100k pods take the API server longer than its request timeout: a 504 ends the
+        # request, not the work; ask again (bounded) until one call gets through the rest
+        for attempt in range(1, _DELETE_ATTEMPTS + 1):
+            try:
+                await core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+                break
+            except client.ApiException as exc:
+                if exc.status != 504 or attempt == _DELETE_ATTEMPTS:
+                    raise
         custom = client.CustomObjectsApi(self._api)
         await custom.delete_collection_namespaced_custom_object(
             WORKLOADS.group, WORKLOADS.version, ns, WORKLOADS.plural
