@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 
 from ungater._assess import owner_of
+from ungater._audit import FINDINGS
 from ungater._auditing import Auditor
 from ungater._blocked import BlockedReleases
 from ungater._cache import OwnerKey, PodIndex, WorkloadIndex, ancestors
@@ -248,6 +249,18 @@ class State:
                 out[label] = out.get(label, 0) + n
         return out
 
+    def _audit_findings(self) -> dict[tuple[str, str], int]:
+        """Open findings per (kind, finding), with 0 for every finding of an audited kind that
+        has none open: a series that vanishes reads as "no data", not as "resolved"."""
+        out = {
+            (str(kind), finding): 0
+            for kind, rt in self.kinds.items()
+            if rt.mode == "audit"
+            for finding in FINDINGS
+        }
+        out.update(self.auditor.tracker.counts())
+        return out
+
     def snapshot(
         self, watches: Iterable[tuple[str, ReflectorStats]], synced: bool
     ) -> ControllerSnapshot:
@@ -270,7 +283,7 @@ class State:
             cached_pods=sum(len(rt.pods) for rt in self.kinds.values()),
             cached_intermediates=len(self.objects),
             synced=synced,
-            audit_findings=self.auditor.tracker.counts(),
+            audit_findings=self._audit_findings(),
             stood_down={str(kind): bool(rt.stood_down) for kind, rt in self.kinds.items()},
             stale_provisioning_pods=sum(
                 len(r.stale) for d in list(self.decisions.values()) for r in d.pod_sets

@@ -245,8 +245,15 @@ async def test_audit_mode_reports_an_over_release_and_never_patches() -> None:
             'ungater_audit_findings_reported_total{finding="OverRelease",kind="Job.batch"} 1.0'
             in text
         )
+        assert 'ungater_audit_findings{finding="Stalled",kind="Job.batch"} 0.0' in text
         await holds_for(lambda: not fake.patches, 0.3, what="audit patches nothing")
         assert ctl.stats.foreign_releases == 0  # others' releases are what audit watches
+        fake.put(WORKLOADS, workload(owner, "train-a", count=4, admitted=4))
+        resolved = 'ungater_audit_findings{finding="OverRelease",kind="Job.batch"} 0.0'
+        await eventually(
+            lambda: resolved in ctl.metrics.render().decode(),  # type: ignore[union-attr]
+            what="the resolved finding's series at 0",
+        )
 
 
 @pytest.mark.anyio
