@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import aiohttp
 import anyio
 
 from bench.objects import (
@@ -83,14 +84,15 @@ class BenchApi:
         from kubernetes_asyncio import client
 
         core = client.CoreV1Api(self._api)
-        # 100k pods take the API server longer than its request timeout: a 504 ends the
-        # request, not the work; ask again (bounded) until one call gets through the rest
+        # 100k pods take the API server longer than its request timeout: a 504 or a dropped
+        # connection ends the request, not the work; ask again (bounded) until one gets through
         for attempt in range(1, _DELETE_ATTEMPTS + 1):
             try:
                 await core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
                 break
-            except client.ApiException as exc:
-                if exc.status != 504 or attempt == _DELETE_ATTEMPTS:
+            except (client.ApiException, aiohttp.ClientError, TimeoutError) as exc:
+                timed_out = not isinstance(exc, client.ApiException) or exc.status == 504
+                if not timed_out or attempt == _DELETE_ATTEMPTS:
                     raise
         custom = client.CustomObjectsApi(self._api)
         await custom.delete_collection_namespaced_custom_object(
