@@ -11,6 +11,7 @@ from ungater._kube import PODS, Resource
 GATE = "kueue.x-k8s.io/elastic-job"
 WORKLOADS = Resource("kueue.x-k8s.io", "v1beta2", "workloads", "Workload")
 JOBS = Resource("batch", "v1", "jobs", "Job")
+RAYCLUSTERS = Resource("ray.io", "v1", "rayclusters", "RayCluster")
 
 
 def owner_ref(obj: dict[str, Any], controller: bool = True) -> dict[str, Any]:

@@ -647,3 +647,36 @@ def facts(
 
 def names(pods: Iterable[Mapping[str, Any]]) -> list[str]:
     return [p["metadata"]["name"] for p in pods]
+
+
+def ray_owner(kind: str, name: str, workers: int = 2) -> dict[str, Any]:
+    """A RayJob or RayService as Kueue's webhook leaves it: queued, elastic, autoscaling."""
+    cluster_spec = raycluster("x", {"workers": (workers, 1)})["spec"]
+    cluster_spec["enableInTreeAutoscaling"] = True
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": kind,
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "uid": uid_for(kind, NAMESPACE, name),
+            "resourceVersion": "900",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "labels": {"kueue.x-k8s.io/queue-name": "user-queue"},
+            "annotations": {"kueue.x-k8s.io/elastic-job": "true"},
+        },
+        "spec": {"rayClusterSpec": cluster_spec, "shutdownAfterJobFinishes": True},
+    }
+
+
+def cluster_of(owner: dict[str, Any], name: str, groups: dict[str, tuple[int, int]]) -> Any:
+    """The RayCluster KubeRay creates for ``owner``: a generated name, a controller reference
+    to it, the originated-from labels (on the RayCluster only, never on its pods)."""
+    rc = raycluster(name, groups, owner=owner)
+    rc["metadata"]["labels"].update(
+        {
+            "ray.io/originated-from-cr-name": owner["metadata"]["name"],
+            "ray.io/originated-from-crd": owner["kind"],
+        }
+    )
+    return rc

@@ -13,6 +13,7 @@ import pytest
 import ungater_plugins.job as job_plugin
 import ungater_plugins.jobset as jobset_plugin
 
+from tests.clock import ManualClock
 from tests.fakekube import FakeKube
 from tests.unit.podfactory import GATE, job, job_pod, jobset, jobset_child_job, workload
 from ungater._cache import OwnerKey
@@ -30,15 +31,7 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def controller(clock: Clock | None = None) -> Controller:
+def controller(clock: ManualClock | None = None) -> Controller:
     config = Config.model_validate(
         {
             "kinds": [
@@ -48,7 +41,7 @@ def controller(clock: Clock | None = None) -> Controller:
         }
     )
     registry = PluginRegistry.from_modules({"job": job_plugin, "jobset": jobset_plugin})
-    return Controller(config, FakeKube(), registry, clock=clock or Clock())
+    return Controller(config, FakeKube(), registry, clock=clock or ManualClock())
 
 
 def runtime(ctl: Controller, kind: str) -> KindRuntime:
@@ -173,7 +166,7 @@ async def test_an_owner_whose_facts_change_makes_room_and_its_deletion_forgets_i
     """``ungater_release_wait_seconds`` counts from when a pod could first go: an owner grown
     (new facts) restarts that clock; the same facts again do not; a deleted owner's facts
     and clock go."""
-    clock = Clock()
+    clock = ManualClock()
     ctl = controller(clock)
     rt = runtime(ctl, "Job")
     owner = job("train", parallelism=2)
@@ -220,7 +213,7 @@ async def test_a_raycluster_whose_size_changes_makes_room_for_its_rayjob() -> No
 
     from tests.unit.test_plugin_rayjob import cluster_of, ray_owner
 
-    clock = Clock()
+    clock = ManualClock()
     config = Config.model_validate({"kinds": [{"group": "ray.io", "kind": "RayJob"}]})
     registry = PluginRegistry.from_modules(
         {"raycluster": raycluster_plugin, "rayjob": rayjob_plugin}

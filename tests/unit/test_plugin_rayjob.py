@@ -19,17 +19,18 @@ import ungater_plugins.raycluster as raycluster_plugin
 import ungater_plugins.rayjob as rayjob_plugin
 
 from tests.fakekube import FakeKube
-from tests.objects import WORKLOADS
+from tests.objects import RAYCLUSTERS, WORKLOADS
 from tests.polling import eventually, holds_for
 from tests.unit.podfactory import (
     GATE,
     NAMESPACE,
+    cluster_of,
     controller_ref,
     names,
     ray_head_pod,
+    ray_owner,
     ray_replica_name,
     ray_worker_pod,
-    raycluster,
     release,
     uid_for,
     workload,
@@ -37,47 +38,13 @@ from tests.unit.podfactory import (
 from tests.unit.test_stale_views import Lagging
 from ungater._config import Config
 from ungater._controller import Controller
-from ungater._kube import PODS, Resource
+from ungater._kube import PODS
 from ungater._registry import PluginRegistry
 from ungater.plugin_api import VIA_FACTS, KindSpec, ReleaseGroup
 from ungater.testing import PluginUnderTest
 
-RAYCLUSTERS = Resource("ray.io", "v1", "rayclusters", "RayCluster")
 RAYJOB = ("ray.io", "RayJob")
 RAYSERVICE = ("ray.io", "RayService")
-
-
-def ray_owner(kind: str, name: str, workers: int = 2) -> dict[str, Any]:
-    """A RayJob or RayService as Kueue's webhook leaves it: queued, elastic, autoscaling."""
-    cluster_spec = raycluster("x", {"workers": (workers, 1)})["spec"]
-    cluster_spec["enableInTreeAutoscaling"] = True
-    return {
-        "apiVersion": "ray.io/v1",
-        "kind": kind,
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "uid": uid_for(kind, NAMESPACE, name),
-            "resourceVersion": "900",
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-            "labels": {"kueue.x-k8s.io/queue-name": "user-queue"},
-            "annotations": {"kueue.x-k8s.io/elastic-job": "true"},
-        },
-        "spec": {"rayClusterSpec": cluster_spec, "shutdownAfterJobFinishes": True},
-    }
-
-
-def cluster_of(owner: dict[str, Any], name: str, groups: dict[str, tuple[int, int]]) -> Any:
-    """The RayCluster KubeRay creates for ``owner``: a generated name, a controller reference
-    to it, the originated-from labels (on the RayCluster only, never on its pods)."""
-    rc = raycluster(name, groups, owner=owner)
-    rc["metadata"]["labels"].update(
-        {
-            "ray.io/originated-from-cr-name": owner["metadata"]["name"],
-            "ray.io/originated-from-crd": owner["kind"],
-        }
-    )
-    return rc
 
 
 def kit(kind: tuple[str, str] = RAYJOB) -> PluginUnderTest:

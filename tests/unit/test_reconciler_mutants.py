@@ -4,7 +4,10 @@ in-memory API server but whose workers never start: each call's outcome is exact
 These kill the mutants of ``ungater/_reconciler.py`` the whole-controller tests left alive:
 what each patch outcome does to expectations, ``ours``, the notices and the retry signal; how
 expired expectations are settled from the API server; the ``Released`` Event and release
-metrics; the wait on pending expectations (docs/testing.md).
+metrics; the wait on pending expectations; the scale-down fence's fresh reads of the owner and
+of its slice (what each answer lets through); owners without slices, of kinds not configured,
+or of a kind in audit mode; pod set updates carried into the release patch; a RayJob's inputs
+taken through its RayCluster (docs/testing.md).
 """
 
 from __future__ import annotations
@@ -18,19 +21,36 @@ from typing import Any
 import anyio
 import pytest
 import ungater_plugins.job as job_plugin
+import ungater_plugins.raycluster as raycluster_plugin
+import ungater_plugins.rayjob as rayjob_plugin
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.clock import ManualClock
 from tests.fakekube import FakeKube
-from tests.objects import JOBS, WORKLOADS
+from tests.objects import JOBS, RAYCLUSTERS, WORKLOADS
 from tests.polling import eventually
-from tests.unit.podfactory import GATE, NAMESPACE, job, job_pod, release, workload
+from tests.unit.podfactory import (
+    GATE,
+    NAMESPACE,
+    cluster_of,
+    job,
+    job_pod,
+    jobset,
+    ray_head_pod,
+    ray_owner,
+    ray_replica_name,
+    ray_worker_pod,
+    release,
+    workload,
+)
 from ungater._cache import OwnerKey
 from ungater._config import Config
 from ungater._controller import Controller
 from ungater._events import EventRecorder, released_message
-from ungater._kube import EVENTS, PODS, ApiError
+from ungater._kube import EVENTS, PODS, ApiError, Resource
+from ungater._kueue import workload_resource
 from ungater._metrics import Metrics
-from ungater._model import Kind
+from ungater._model import Kind, parse_workload
 from ungater._reconciler import Changed
 from ungater._registry import PluginRegistry
 from ungater._state import KindRuntime
@@ -44,16 +64,6 @@ OTHER_VIEW = Kind("jobset.x-k8s.io", "JobSet")  # another pod index that may see
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-class Clock:
-    """The controller's clock (expectations, backoff, release waits), moved by the test."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Standby:
@@ -80,14 +90,22 @@ def config(**extra: Any) -> Config:
 
 @asynccontextmanager
 async def standby(
-    fake: FakeKube, cfg: Config | None = None, clock: Clock | None = None
+    fake: FakeKube, cfg: Config | None = None, clock: ManualClock | None = None, client: Any = None
 ) -> AsyncIterator[tuple[Controller, Standby]]:
-    """The controller with metrics and real Events, caches synced, no workers."""
+    """The controller with metrics and real Events, caches synced, no workers; ``client``
+    (a wrapper of ``fake``) is what the controller talks to, if given."""
     metrics = Metrics()
     events = EventRecorder(fake, host="test")
-    registry = PluginRegistry.from_modules({"job": job_plugin})
+    registry = PluginRegistry.from_modules(
+        {"job": job_plugin, "raycluster": raycluster_plugin, "rayjob": rayjob_plugin}
+    )
     ctl = Controller(
-        cfg or config(), fake, registry, clock=clock or Clock(), metrics=metrics, events=events
+        cfg or config(),
+        client or fake,
+        registry,
+        clock=clock or ManualClock(1000.0),
+        metrics=metrics,
+        events=events,
     )
     metrics.bind(ctl)
     elector = Standby()
@@ -247,7 +265,7 @@ async def test_a_pod_in_backoff_is_not_patched_again_and_a_later_release_clears_
     """The decision gets the pods still in backoff: the refused pod is left alone (the next
     pod takes its slot); once its backoff ran out and a patch lands, it is blocked no more."""
     fake = FakeKube()
-    clock = Clock()
+    clock = ManualClock(1000.0)
     _, key, pods = setup(fake, pods=3, admitted=2)
     async with standby(fake, clock=clock) as (ctl, _):
         await cached(ctl, key, fake, 3)
@@ -327,7 +345,7 @@ async def test_released_pods_feed_the_wait_histogram_from_when_room_was_made() -
     """Each released pod's wait counts from the later of its arrival and the last room made
     for its owner (here the slice's admission, after the pods arrived)."""
     fake = FakeKube()
-    clock = Clock()
+    clock = ManualClock(1000.0)
     j = fake.put(JOBS, job("train", parallelism=3))
     pods = [fake.put(PODS, job_pod(j, index=i)) for i in range(3)]
     key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
@@ -420,7 +438,7 @@ async def test_settling_re_arms_only_pods_the_server_shows_released_and_live() -
     a whole timeout); one gone, replaced, still gated, finished, terminating, unreadable or
     not even cached is in flight no more. Each settled UID counts as expired."""
     fake = FakeKube()
-    clock = Clock()
+    clock = ManualClock(1000.0)
     _, key, pods = setup(fake, pods=7, admitted=7)
     finalized = fake.read(PODS, NAMESPACE, name(pods[5])) or {}
     finalized["metadata"]["finalizers"] = [
@@ -459,7 +477,7 @@ async def test_one_pod_skipped_while_settling_does_not_stop_settling_the_next(sk
     """Settling moves on past a pod it cannot settle (not in the cache, another UID under its
     name, an unreadable answer): the next pod, released and live, is still re-armed."""
     fake = FakeKube()
-    clock = Clock()
+    clock = ManualClock(1000.0)
     _, key, pods = setup(fake, pods=2, admitted=2)
     async with standby(fake, clock=clock) as (ctl, _):
         await cached(ctl, key, fake, 2)
@@ -487,7 +505,7 @@ async def test_a_reconcile_settles_expired_expectations_and_counts_re_armed_pods
     the pod is released and live, so it stays in flight and fills the one admitted slot, and
     nothing more is patched."""
     fake = FakeKube()
-    clock = Clock()
+    clock = ManualClock(1000.0)
     _, key, pods = setup(fake, pods=2, admitted=1)
     async with standby(fake, clock=clock) as (ctl, _):
         await cached(ctl, key, fake, 2)
@@ -513,7 +531,7 @@ async def test_pending_expectations_re_queue_the_owner_when_the_first_one_expire
     """Expectations still pending: no decision now, and the owner comes back when the first
     one expires (not at once, not later)."""
     fake = FakeKube()
-    clock = Clock()
+    clock = ManualClock(1000.0)
     _, key, pods = setup(fake, pods=1, admitted=1)
     async with standby(fake, clock=clock) as (ctl, _):
         await cached(ctl, key, fake, 1)
@@ -529,3 +547,359 @@ async def test_pending_expectations_re_queue_the_owner_when_the_first_one_expire
         assert len(ctl.queue) == 0  # not re-queued at once, but at the first expiry
         timer = ctl.queue._timers[key]
         assert 0.45 <= timer.when() - started <= 0.55  # 0.5 s from the call
+
+
+# -- the fence: fresh reads of the owner and of its slice -----------------------------------------
+
+
+class Recording:
+    """The fake behind a client that records each ``get``'s Resource and may rewrite what a
+    ``get`` of some plural answers (the rest is the fake's)."""
+
+    def __init__(self, inner: FakeKube) -> None:
+        self.inner = inner
+        self.gets: list[Resource] = []
+        self.rewrite: dict[str, Any] = {}  # plural -> fn(obj) -> obj
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    async def get(self, resource: Resource, namespace: str | None, name: str) -> Any:
+        self.gets.append(resource)
+        obj = await self.inner.get(resource, namespace, name)
+        fn = self.rewrite.get(resource.plural)
+        return fn(obj) if fn is not None and obj is not None else obj
+
+
+JOB_RESOURCE = Resource("batch", "v1", "jobs", "Job")
+
+
+def fenced_job(fake: FakeKube) -> tuple[dict[str, Any], OwnerKey, list[dict[str, Any]]]:
+    """A Job of 3 pods with 2 admitted: pods 0 and 1 released and running, pod 2 gated."""
+    return setup(fake, pods=3, admitted=2, released=2)
+
+
+async def free_a_slot(ctl: Controller, fake: FakeKube, key: OwnerKey, pod: dict[str, Any]) -> None:
+    """The released ``pod`` fails, after the cached owner and slice were last seen: its slot
+    is free, and the reconcile must read both fresh before refilling it."""
+    released_by_someone(fake, pod, phase="Failed")
+    await cached(ctl, key, fake, 3)
+    await eventually(lambda: key in ctl.state.freed_rv, timeout=3, what="the freed slot")
+    freed = ctl.state.freed_rv[key]
+    assert ctl.state.owner_rv[key.uid] < freed  # the fence is up for the owner ...
+    slice_ = ctl.workloads.for_owner(key.uid)[0]
+    assert int(slice_.resource_version) < freed  # ... and for its slice
+
+
+async def synced_owner(ctl: Controller, key: OwnerKey) -> None:
+    await eventually(lambda: key.uid in ctl.state.owner_rv, timeout=3, what="the cached Job")
+
+
+async def test_a_freed_slot_is_refilled_after_reading_the_job_and_its_slice_fresh() -> None:
+    """The fence reads the owner as the plugin names it (batch/v1 jobs, kind Job) and the
+    slice at the served Workload version; both agree with the caches, so the freed slot is
+    refilled, and the fresh owner's resourceVersion is kept."""
+    fake = FakeKube()
+    client = Recording(fake)
+    j, key, pods = fenced_job(fake)
+    async with standby(fake, client=client) as (ctl, _):
+        await cached(ctl, key, fake, 3)
+        await synced_owner(ctl, key)
+        fake.drop_events = {"jobs"}
+        fake.put(JOBS, j)  # the Job moves on; the cache does not see it
+        await free_a_slot(ctl, fake, key, pods[0])
+        client.gets.clear()
+        decision = await ctl.reconciler.reconcile(key)
+        assert decision is not None and decision.released_names == [name(pods[2])]
+        assert not gated(fake, pods[2])
+        reads = [r for r in client.gets if r.plural != "pods"]
+        assert sorted(reads, key=lambda r: r.plural) == [
+            JOB_RESOURCE,
+            workload_resource(ctl.state.workload_version),
+        ]
+        assert ctl.state.workload_version == "v1beta2"
+        now = fake.read(JOBS, NAMESPACE, name(j))
+        assert now is not None
+        assert ctl.state.owner_rv[key.uid] == int(now["metadata"]["resourceVersion"])
+
+
+@pytest.mark.parametrize("how", ["replaced", "gone", "unordered"])
+async def test_a_freed_slot_is_not_refilled_when_the_fresh_job_is_not_ours(how: str) -> None:
+    """The owner read fresh is another object of the same name (another UID), is gone, or
+    has a resourceVersion that cannot be ordered: nothing may be released for it."""
+    fake = FakeKube()
+    client = Recording(fake)
+    j, key, pods = fenced_job(fake)
+    async with standby(fake, client=client) as (ctl, _):
+        await cached(ctl, key, fake, 3)
+        await synced_owner(ctl, key)
+        fake.drop_events = {"jobs"}
+        if how in ("replaced", "gone"):
+            fake.delete(JOBS, NAMESPACE, name(j))
+        if how == "replaced":
+            other = job("train", parallelism=3)
+            other["metadata"]["uid"] = key.uid + "-other"
+            fake.put(JOBS, other)
+        if how == "unordered":
+
+            def unordered(obj: dict[str, Any]) -> dict[str, Any]:
+                obj["metadata"]["resourceVersion"] = "not-a-number"
+                return obj
+
+            client.rewrite["jobs"] = unordered
+        await free_a_slot(ctl, fake, key, pods[0])
+        client.gets.clear()
+        assert await ctl.reconciler.reconcile(key) is None
+        assert JOB_RESOURCE in client.gets  # it was read
+        assert gated(fake, pods[2]) and not fake.patches
+        assert key not in ctl.decisions and not ctl.expectations.pending(key)
+
+
+@pytest.mark.parametrize("how", ["replaced", "gone"])
+async def test_a_freed_slot_is_not_refilled_when_the_fresh_slice_is_not_ours(how: str) -> None:
+    """The slice read fresh is gone, or another Workload of the same name (another UID, even
+    one admitting more): it is forgotten from the cache and nothing is released."""
+    fake = FakeKube()
+    j, key, pods = fenced_job(fake)
+    async with standby(fake) as (ctl, _):
+        await cached(ctl, key, fake, 3)
+        await synced_owner(ctl, key)
+        fake.drop_events = {"workloads"}
+        old = ctl.workloads.for_owner(key.uid)[0]
+        fake.delete(WORKLOADS, NAMESPACE, old.name)
+        if how == "replaced":
+            other = workload(j, {"main": 3}, admitted={"main": 3})
+            other["metadata"]["uid"] = old.uid + "-other"
+            fake.put(WORKLOADS, other)
+        await free_a_slot(ctl, fake, key, pods[0])
+        assert await ctl.reconciler.reconcile(key) is None
+        assert gated(fake, pods[2]) and not fake.patches
+        assert ctl.workloads.for_owner(key.uid) == []
+        assert old.uid not in ctl.workloads.by_uid
+
+
+async def test_a_slice_lowered_in_place_is_honoured_from_the_fresh_read() -> None:
+    """Kueue lowered the slice to 1 after pod 0 failed; the Workload watch has not shown it.
+    The fresh read puts the lowered slice in the cache and the freed slot stays free."""
+    fake = FakeKube()
+    j, key, pods = fenced_job(fake)
+    async with standby(fake) as (ctl, _):
+        await cached(ctl, key, fake, 3)
+        await synced_owner(ctl, key)
+        fake.drop_events = {"workloads"}
+        await free_a_slot(ctl, fake, key, pods[0])
+        lowered = fake.put(WORKLOADS, workload(j, {"main": 3}, admitted={"main": 1}))
+        decision = await ctl.reconciler.reconcile(key)
+        assert decision is not None and not decision.releases
+        assert gated(fake, pods[2]) and not fake.patches
+        (held,) = ctl.workloads.for_owner(key.uid)
+        assert held.resource_version == lowered["metadata"]["resourceVersion"]
+
+
+# -- reconcile: owners without slices, kinds not configured, audit mode ------------------------
+
+
+async def test_an_owner_without_slices_is_forgotten_and_the_others_are_kept() -> None:
+    """Its Workload went: the owner's expectations, last decision, audit state and slice
+    hand-over notice go with it (even a second time, when nothing is left); another owner's
+    stay."""
+    fake = FakeKube()
+    _, gone_key, _ = setup(fake, pods=1, admitted=1, name="a")
+    _, kept_key, _ = setup(fake, pods=1, admitted=1, name="b")
+    async with standby(fake) as (ctl, _):
+        await eventually(lambda: len(rt_of(ctl).pods) == 2 and len(ctl.workloads) == 2, timeout=5)
+        fake.drop_events = {"pods"}  # the releases stay expected
+        tracker = ctl.auditor.tracker
+        for key in (gone_key, kept_key):
+            await ctl.reconciler.reconcile(key)
+            assert ctl.expectations.pending(key) and key in ctl.decisions
+            tracker.releasable_since(key, ["u"], 1.0)
+            ctl.notices._inactive_since[key] = 1.0
+        (wl,) = ctl.workloads.for_owner(gone_key.uid)
+        fake.delete(WORKLOADS, NAMESPACE, wl.name)
+        await eventually(lambda: not ctl.workloads.for_owner(gone_key.uid), timeout=3)
+        for _ in range(2):
+            assert await ctl.reconciler.reconcile(gone_key) is None
+        assert not ctl.expectations.pending(gone_key) and gone_key not in ctl.decisions
+        assert tracker.releasable_since(gone_key, ["u"], 2.0) == {"u": 2.0}  # seen anew
+        assert gone_key not in ctl.notices._inactive_since
+        assert ctl.expectations.pending(kept_key) and kept_key in ctl.decisions
+        assert tracker.releasable_since(kept_key, ["u"], 2.0) == {"u": 1.0}  # remembered
+        assert ctl.notices._inactive_since[kept_key] == 1.0
+
+
+async def test_an_owner_of_a_kind_not_configured_is_left_alone() -> None:
+    """A cached Workload whose owner is a JobSet, with only Jobs configured (the watch would
+    not show it; the cache is handed it): no decision, no error."""
+    fake = FakeKube()
+    js = jobset("llm", {"workers": 1})
+    key = OwnerKey(NAMESPACE, js["metadata"]["uid"])
+    async with standby(fake) as (ctl, _):
+        wl = workload(js, {"workers": 1}, admitted={"workers": 1})
+        ctl.workloads.on_change(None, parse_workload(wl))
+        assert await ctl.reconciler.reconcile(key) is None
+        assert key not in ctl.decisions and not fake.patches
+
+
+async def test_a_kind_in_audit_mode_is_decided_and_recorded_but_never_patched() -> None:
+    """``mode: audit`` on the kind: the reconcile makes the same decision (two pods
+    releasable), records it, and patches nothing."""
+    fake = FakeKube()
+    _, key, pods = setup(fake, pods=3, admitted=2)
+    cfg = config(kinds=[{"group": "batch", "kind": "Job", "mode": "audit"}])
+    async with standby(fake, cfg) as (ctl, _):
+        await cached(ctl, key, fake, 3)
+        decision = await ctl.reconciler.reconcile(key)
+        assert decision is not None
+        assert decision.released_names == [name(pods[0]), name(pods[1])]
+        assert ctl.decisions[key] is decision
+        assert all(gated(fake, p) for p in pods) and not fake.patches
+        assert not ctl.expectations.pending(key) and ctl.stats.released == 0
+
+
+# -- pod set updates -----------------------------------------------------------------------------
+
+
+def with_updates(wl: dict[str, Any], *checks: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    """The Workload with admission checks, each Ready with one pod set update for main."""
+    wl["status"]["admissionChecks"] = [
+        {
+            "name": check,
+            "state": "Ready",
+            "message": "",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+            "podSetUpdates": [{"name": "main", **update}],
+        }
+        for check, update in checks
+    ]
+    return wl
+
+
+POOL = {"cloud.google.com/gke-nodepool": "pool-a"}
+
+
+@pytest.mark.parametrize("apply", [True, False], ids=["default", "applyPodSetUpdates-false"])
+async def test_pod_set_updates_go_into_the_release_patch_unless_turned_off(apply: bool) -> None:
+    """An admission check's pod set update (a label and a node selector) is applied in the
+    release patch by default, and not with ``applyPodSetUpdates: false``."""
+    fake = FakeKube()
+    j = fake.put(JOBS, job("train", parallelism=1))
+    p = fake.put(PODS, job_pod(j, index=0))
+    update = {"labels": {"team": "vision"}, "nodeSelector": POOL}
+    fake.put(
+        WORKLOADS,
+        with_updates(workload(j, {"main": 1}, admitted={"main": 1}), ("prov", update)),
+    )
+    key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
+    cfg = config() if apply else config(applyPodSetUpdates=False)
+    async with standby(fake, cfg) as (ctl, _):
+        await cached(ctl, key, fake, 1)
+        await ctl.reconciler.reconcile(key)
+        now = fake.read(PODS, NAMESPACE, name(p))
+        assert now is not None and not gated(fake, p)
+        labels = now["metadata"]["labels"]
+        selector = now["spec"].get("nodeSelector") or {}
+        if apply:
+            assert labels["team"] == "vision" and selector == POOL
+        else:
+            assert "team" not in labels and selector == {}
+
+
+async def test_pods_kept_gated_by_conflicting_updates_are_announced_for_their_owner() -> None:
+    """Two admission checks disagree on a label: the pod stays gated, and the warning names
+    the owner (a ``PodSetUpdateConflict`` Event on its slice)."""
+    fake = FakeKube()
+    j = fake.put(JOBS, job("train", parallelism=1))
+    p = fake.put(PODS, job_pod(j, index=0))
+    fake.put(
+        WORKLOADS,
+        with_updates(
+            workload(j, {"main": 1}, admitted={"main": 1}),
+            ("a", {"labels": {"team": "vision"}}),
+            ("b", {"labels": {"team": "speech"}}),
+        ),
+    )
+    key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
+    async with standby(fake) as (ctl, _):
+        await cached(ctl, key, fake, 1)
+        decision = await ctl.reconciler.reconcile(key)
+        assert decision is not None and not decision.releases
+        assert gated(fake, p) and not fake.patches
+        (event,) = await eventually(lambda: events_of(fake, "PodSetUpdateConflict"), timeout=3)
+        slice_ = ctl.workloads.for_owner(key.uid)[0]
+        assert event["involvedObject"]["uid"] == slice_.uid
+        assert event["type"] == "Warning"
+
+
+async def test_a_slice_read_back_under_another_owner_is_no_longer_this_owners() -> None:
+    """The slice read fresh names another controller (its ownerReference was changed): the
+    cache moves it to that owner, and nothing is released for this one on its count."""
+    fake = FakeKube()
+    _, key, pods = fenced_job(fake)
+    other = fake.put(JOBS, job("other", parallelism=1))
+    async with standby(fake) as (ctl, _):
+        await cached(ctl, key, fake, 3)
+        await synced_owner(ctl, key)
+        fake.drop_events = {"workloads"}
+        (old,) = ctl.workloads.for_owner(key.uid)
+        reowned = fake.read(WORKLOADS, NAMESPACE, old.name)
+        assert reowned is not None
+        reowned["metadata"]["ownerReferences"] = workload(other, {"main": 1})["metadata"][
+            "ownerReferences"
+        ]
+        fake.put(WORKLOADS, reowned)
+        await free_a_slot(ctl, fake, key, pods[0])
+        assert await ctl.reconciler.reconcile(key) is None
+        assert gated(fake, pods[2]) and not fake.patches
+        assert ctl.workloads.for_owner(key.uid) == []
+        assert [w.uid for w in ctl.workloads.for_owner(other["metadata"]["uid"])] == [old.uid]
+
+
+# -- _inputs: a kind whose pods are selected through another object ------------------------------
+
+
+async def test_a_rayjobs_pods_are_decided_through_its_rayclusters_size_and_hosts() -> None:
+    """A RayJob's pods are found through the RayCluster it controls, whose size caps each
+    group (2 workers of 3 admitted) and whose hosts per replica keep a replica missing a host
+    gated (a TPU replica of 2 hosts, one created)."""
+    fake = FakeKube()
+    owner = ray_owner("RayJob", "train")
+    rc = fake.put(
+        RAYCLUSTERS, cluster_of(owner, "train-raycluster-abcde", {"workers": (2, 1), "tpu": (1, 2)})
+    )
+    head = fake.put(PODS, ray_head_pod(rc))
+    workers = [
+        fake.put(PODS, ray_worker_pod(rc, "workers", replica_index=i, created=2 + i, seed=str(i)))
+        for i in range(3)
+    ]
+    tpu_name = ray_replica_name("tpu", "r0")
+    tpu = fake.put(
+        PODS,
+        ray_worker_pod(rc, "tpu", replica_index=0, replica_name=tpu_name, host_index=0, seed="t"),
+    )
+    fake.put(
+        WORKLOADS,
+        workload(
+            owner,
+            {"head": 1, "workers": 3, "tpu": 2},
+            admitted={"head": 1, "workers": 3, "tpu": 2},
+        ),
+    )
+    key = OwnerKey(NAMESPACE, owner["metadata"]["uid"])
+    cfg = config(kinds=[{"group": "ray.io", "kind": "RayJob"}])
+    async with standby(fake, cfg) as (ctl, _):
+        rt = ctl.kinds[Kind("ray.io", "RayJob")]
+        await eventually(
+            lambda: (
+                len(rt.pods) == 5
+                and ctl.workloads.has_owner(key.uid)
+                and ctl.state.objects_controlled_by(key.uid)
+            ),
+            timeout=5,
+            what="the RayJob's slice, RayCluster and pods cached",
+        )
+        decision = await ctl.reconciler.reconcile(key)
+        assert decision is not None
+        want = [name(head), name(workers[0]), name(workers[1])]
+        assert sorted(decision.released_names) == sorted(want)
+        assert [gated(fake, p) for p in (head, *workers, tpu)] == [False] * 3 + [True] * 2

@@ -10,6 +10,7 @@ import anyio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.clock import ManualClock
 from tests.fakekube import FakeKube
 from tests.objects import GATE, PODS, WORKLOADS, job_pod, with_phase, workload
 from tests.polling import eventually
@@ -25,16 +26,8 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_the_wait_starts_at_the_later_of_arrival_and_room() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     c = ReleasableClock(clock)
     assert c.waited("owner", "p") is None  # never seen: no figure rather than a wrong one
     c.pod_seen("p")
