@@ -623,6 +623,33 @@ async def test_a_freed_slot_is_refilled_after_reading_the_job_and_its_slice_fres
         assert ctl.state.owner_rv[key.uid] == int(now["metadata"]["resourceVersion"])
 
 
+@pytest.mark.parametrize("failing", ["jobs", "workloads"])
+async def test_a_fence_read_that_fails_refills_nothing_and_fails_the_reconcile(
+    failing: str,
+) -> None:
+    """One of the two reads the fence sends at once fails (a 500): the decision may not fall
+    back on the stale view, so the freed slot stays empty and the reconcile fails with that
+    error itself (not an exception group), for the worker's backoff."""
+    fake = FakeKube()
+    client = Recording(fake)
+    j, key, pods = fenced_job(fake)
+    async with standby(fake, client=client) as (ctl, _):
+        await cached(ctl, key, fake, 3)
+        await synced_owner(ctl, key)
+        fake.drop_events = {"jobs"}
+        fake.put(JOBS, j)
+        await free_a_slot(ctl, fake, key, pods[0])
+
+        def fail(obj: Any) -> Any:
+            raise ApiError(500, "Internal Server Error", "")
+
+        client.rewrite[failing] = fail
+        with pytest.raises(ApiError) as raised:
+            await ctl.reconciler.reconcile(key)
+        assert raised.value.status == 500
+        assert gated(fake, pods[2])
+
+
 @pytest.mark.parametrize("how", ["replaced", "gone", "unordered"])
 async def test_a_freed_slot_is_not_refilled_when_the_fresh_job_is_not_ours(how: str) -> None:
     """The owner read fresh is another object of the same name (another UID), is gone, or
