@@ -559,6 +559,7 @@ class Recording:
     def __init__(self, inner: FakeKube) -> None:
         self.inner = inner
         self.gets: list[Resource] = []
+        self.calls: list[tuple[Resource, str | None, str]] = []
         self.rewrite: dict[str, Any] = {}  # plural -> fn(obj) -> obj
 
     def __getattr__(self, attr: str) -> Any:
@@ -566,6 +567,7 @@ class Recording:
 
     async def get(self, resource: Resource, namespace: str | None, name: str) -> Any:
         self.gets.append(resource)
+        self.calls.append((resource, namespace, name))
         obj = await self.inner.get(resource, namespace, name)
         fn = self.rewrite.get(resource.plural)
         return fn(obj) if fn is not None and obj is not None else obj
@@ -930,3 +932,64 @@ async def test_a_rayjobs_pods_are_decided_through_its_rayclusters_size_and_hosts
         want = [name(head), name(workers[0]), name(workers[1])]
         assert sorted(decision.released_names) == sorted(want)
         assert [gated(fake, p) for p in (head, *workers, tpu)] == [False] * 3 + [True] * 2
+
+
+@pytest.mark.parametrize("fresh", ["unchanged", "shrunk", "replaced"])
+async def test_a_freed_rayjob_slot_is_refilled_only_from_its_raycluster_read_fresh(
+    fresh: str,
+) -> None:
+    """A RayJob's released worker fails after the cached RayCluster was last seen: the fence
+    reads that RayCluster (ray.io/v1 rayclusters, by namespace and name) before refilling.
+    Unchanged: the slot is refilled. Shrunk to 1 worker meanwhile: kept in the cache, and the
+    one live worker already fills it. Another object under the name: forgotten, and without
+    it nothing is released."""
+    fake = FakeKube()
+    client = Recording(fake)
+    owner = ray_owner("RayJob", "train")
+    rc_name = "train-raycluster-abcde"
+    rc = fake.put(RAYCLUSTERS, cluster_of(owner, rc_name, {"workers": (2, 1)}))
+    head = fake.put(PODS, release(ray_head_pod(rc)))
+    workers = [
+        fake.put(PODS, ray_worker_pod(rc, "workers", replica_index=i, created=2 + i, seed=str(i)))
+        for i in range(3)
+    ]
+    for w in workers[:2]:
+        released_by_someone(fake, w)
+    fake.put(
+        WORKLOADS,
+        workload(owner, {"head": 1, "workers": 3}, admitted={"head": 1, "workers": 3}),
+    )
+    key = OwnerKey(NAMESPACE, owner["metadata"]["uid"])
+    cfg = config(kinds=[{"group": "ray.io", "kind": "RayJob"}])
+    async with standby(fake, cfg, client=client) as (ctl, _):
+        rt = ctl.kinds[Kind("ray.io", "RayJob")]
+
+        def synced() -> bool:
+            want = {
+                p["metadata"]["uid"]: p["metadata"]["resourceVersion"] for p in fake.items(PODS)
+            }
+            have = {u: v.resource_version for u, v in rt.pods.by_uid.items()}
+            return have == want and bool(ctl.state.objects_controlled_by(key.uid))
+
+        await eventually(synced, timeout=5, what="the RayJob's RayCluster and pods cached")
+        fake.drop_events = {"rayclusters"}
+        if fresh == "shrunk":
+            fake.put(RAYCLUSTERS, cluster_of(owner, rc_name, {"workers": (1, 1)}))
+        elif fresh == "replaced":
+            fake.delete(RAYCLUSTERS, NAMESPACE, rc_name)
+            other = cluster_of(owner, rc_name, {"workers": (2, 1)})
+            other["metadata"]["uid"] = "uid-another-raycluster"
+            fake.put(RAYCLUSTERS, other)
+        else:
+            fake.put(RAYCLUSTERS, fake.read(RAYCLUSTERS, NAMESPACE, rc_name))  # a newer rv
+        released_by_someone(fake, workers[0], phase="Failed")
+        await eventually(synced, timeout=5, what="the failed worker cached")
+        await eventually(lambda: key in ctl.state.freed_rv, timeout=3, what="the freed slot")
+        client.calls.clear()
+        await ctl.reconciler.reconcile(key)
+        reads = [c for c in client.calls if c[0].plural == "rayclusters"]
+        assert reads == [(RAYCLUSTERS, NAMESPACE, rc_name)]
+        assert gated(fake, workers[2]) == (fresh != "unchanged")
+        assert not gated(fake, head)
+        kept = [v.uid for v in ctl.state.objects_controlled_by(key.uid)]
+        assert kept == ([] if fresh == "replaced" else [rc["metadata"]["uid"]])
