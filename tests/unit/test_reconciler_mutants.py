@@ -993,3 +993,22 @@ async def test_a_freed_rayjob_slot_is_refilled_only_from_its_raycluster_read_fre
         assert not gated(fake, head)
         kept = [v.uid for v in ctl.state.objects_controlled_by(key.uid)]
         assert kept == ([] if fresh == "replaced" else [rc["metadata"]["uid"]])
+
+
+async def test_our_own_release_seen_and_then_ended_frees_its_slot() -> None:
+    """Our release of pod 0 lands and the watch shows it; then pod 0 fails. Once the view has
+    caught up with our write the pod is no longer in flight, so its slot goes to pod 1."""
+    fake = FakeKube()
+    _, key, pods = setup(fake, pods=2, admitted=1)
+    async with standby(fake) as (ctl, _):
+        await cached(ctl, key, fake, 2)
+        first = await ctl.reconciler.reconcile(key)
+        assert first is not None and first.released_names == [name(pods[0])]
+        await cached(ctl, key, fake, 2)
+        assert uid(pods[0]) in ctl.state.written
+        released_by_someone(fake, pods[0], phase="Failed")
+        await cached(ctl, key, fake, 2)
+        assert not ctl.expectations.pending(key)  # the watch showed our release
+        second = await ctl.reconciler.reconcile(key)
+        assert second is not None and second.released_names == [name(pods[1])]
+        assert not gated(fake, pods[1])
