@@ -1012,3 +1012,49 @@ async def test_our_own_release_seen_and_then_ended_frees_its_slot() -> None:
         second = await ctl.reconciler.reconcile(key)
         assert second is not None and second.released_names == [name(pods[1])]
         assert not gated(fake, pods[1])
+
+
+async def test_releases_into_new_capacity_never_read_the_owner_or_slice() -> None:
+    """Admission fills a slice's capacity: no slot was freed, so nothing may predate a shrink
+    and the fence sends no read (docs/architecture.md: those releases never pay for it)."""
+    fake = FakeKube()
+    client = Recording(fake)
+    _, key, _ = setup(fake, pods=2, admitted=2)
+    async with standby(fake, client=client) as (ctl, _):
+        await cached(ctl, key, fake, 2)
+        await synced_owner(ctl, key)
+        client.gets.clear()
+        decision = await ctl.reconciler.reconcile(key)
+        assert decision is not None and len(decision.released_names) == 2
+        assert [r for r in client.gets if r.plural != "pods"] == []
+
+
+async def test_a_freed_slot_with_owner_and_slice_seen_since_is_refilled_without_a_read() -> None:
+    """The released pod failed, but the cached Job and slice have both been seen at newer
+    resourceVersions since: they cannot predate a shrink that came before the pod's end, so
+    the slot is refilled with no fresh read."""
+    fake = FakeKube()
+    client = Recording(fake)
+    j, key, pods = fenced_job(fake)
+    async with standby(fake, client=client) as (ctl, _):
+        await cached(ctl, key, fake, 3)
+        await synced_owner(ctl, key)
+        released_by_someone(fake, pods[0], phase="Failed")
+        await cached(ctl, key, fake, 3)
+        await eventually(lambda: key in ctl.state.freed_rv, timeout=3, what="the freed slot")
+        freed = ctl.state.freed_rv[key]
+        fake.put(JOBS, fake.read(JOBS, NAMESPACE, name(j)))
+        wl = fake.items(WORKLOADS)[0]
+        fake.put(WORKLOADS, wl)
+        await eventually(
+            lambda: (
+                ctl.state.owner_rv[key.uid] > freed
+                and int(ctl.workloads.for_owner(key.uid)[0].resource_version) > freed
+            ),
+            timeout=3,
+            what="the Job and its slice seen after the pod's end",
+        )
+        client.gets.clear()
+        decision = await ctl.reconciler.reconcile(key)
+        assert decision is not None and decision.released_names == [name(pods[2])]
+        assert [r for r in client.gets if r.plural != "pods"] == []
