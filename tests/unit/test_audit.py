@@ -232,7 +232,9 @@ async def test_audit_mode_reports_an_over_release_and_never_patches() -> None:
     async with auditing(fake) as ctl:
         await eventually(lambda: ctl.auditor.reported >= 1, what="a reported finding")
         (f,) = ctl.auditor.tracker.findings()
-        assert f.finding == OVER_RELEASE and f.workload == "train-a"
+        assert (
+            f.finding == OVER_RELEASE and f.workload == "train-a" and f.owner == f"Job {NS}/train"
+        )
         assert f.pods == ("train-0-x000", "train-1-x001", "train-2-x002")
         ev = await eventually(
             lambda: [e for e in fake.items(EVENTS, NS) if e["reason"] == OVER_RELEASE]
