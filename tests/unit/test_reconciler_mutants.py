@@ -54,6 +54,7 @@ from ungater._model import Kind, parse_workload
 from ungater._reconciler import Changed
 from ungater._registry import PluginRegistry
 from ungater._state import KindRuntime
+from ungater.plugin_api import KindSpec, hookimpl
 
 pytestmark = pytest.mark.anyio
 
@@ -90,14 +91,19 @@ def config(**extra: Any) -> Config:
 
 @asynccontextmanager
 async def standby(
-    fake: FakeKube, cfg: Config | None = None, clock: ManualClock | None = None, client: Any = None
+    fake: FakeKube,
+    cfg: Config | None = None,
+    clock: ManualClock | None = None,
+    client: Any = None,
+    plugins: dict[str, Any] | None = None,
 ) -> AsyncIterator[tuple[Controller, Standby]]:
     """The controller with metrics and real Events, caches synced, no workers; ``client``
-    (a wrapper of ``fake``) is what the controller talks to, if given."""
+    (a wrapper of ``fake``) is what the controller talks to, if given; ``plugins`` replace
+    the built-in ones."""
     metrics = Metrics()
     events = EventRecorder(fake, host="test")
     registry = PluginRegistry.from_modules(
-        {"job": job_plugin, "raycluster": raycluster_plugin, "rayjob": rayjob_plugin}
+        plugins or {"job": job_plugin, "raycluster": raycluster_plugin, "rayjob": rayjob_plugin}
     )
     ctl = Controller(
         cfg or config(),
@@ -1058,3 +1064,155 @@ async def test_a_freed_slot_with_owner_and_slice_seen_since_is_refilled_without_
         decision = await ctl.reconciler.reconcile(key)
         assert decision is not None and decision.released_names == [name(pods[2])]
         assert [r for r in client.gets if r.plural != "pods"] == []
+
+
+async def test_a_freed_rayjob_slot_with_its_raycluster_seen_since_is_refilled_without_a_read() -> (
+    None
+):
+    """A RayJob's released worker failed, but the cached RayCluster (the object its size is
+    taken from) and the slice were seen at newer resourceVersions since: no fresh read."""
+    fake = FakeKube()
+    client = Recording(fake)
+    owner = ray_owner("RayJob", "train")
+    rc_name = "train-raycluster-abcde"
+    rc = fake.put(RAYCLUSTERS, cluster_of(owner, rc_name, {"workers": (2, 1)}))
+    fake.put(PODS, release(ray_head_pod(rc)))
+    workers = [
+        fake.put(PODS, ray_worker_pod(rc, "workers", replica_index=i, created=2 + i, seed=str(i)))
+        for i in range(3)
+    ]
+    for w in workers[:2]:
+        released_by_someone(fake, w)
+    fake.put(
+        WORKLOADS,
+        workload(owner, {"head": 1, "workers": 3}, admitted={"head": 1, "workers": 2}),
+    )
+    key = OwnerKey(NAMESPACE, owner["metadata"]["uid"])
+    cfg = config(kinds=[{"group": "ray.io", "kind": "RayJob"}])
+    async with standby(fake, cfg, client=client) as (ctl, _):
+        rt = ctl.kinds[Kind("ray.io", "RayJob")]
+        released_by_someone(fake, workers[0], phase="Failed")
+        await eventually(lambda: key in ctl.state.freed_rv, timeout=3, what="the freed slot")
+        freed = ctl.state.freed_rv[key]
+        fake.put(RAYCLUSTERS, fake.read(RAYCLUSTERS, NAMESPACE, rc_name))
+        fake.put(WORKLOADS, fake.items(WORKLOADS)[0])
+
+        def seen_since() -> bool:
+            vias = ctl.state.objects_controlled_by(key.uid)
+            slices = ctl.workloads.for_owner(key.uid)
+            return (
+                len(rt.pods) == 4
+                and len(vias) == 1
+                and int(vias[0].resource_version) > freed
+                and int(slices[0].resource_version) > freed
+            )
+
+        await eventually(seen_since, timeout=3, what="the RayCluster and slice seen since")
+        client.calls.clear()
+        decision = await ctl.reconciler.reconcile(key)
+        assert decision is not None and decision.released_names == [name(workers[2])]
+        assert [c for c in client.calls if c[0].plural != "pods"] == []
+
+
+class LabelOnlyJobs:
+    """The Job kind as a third-party plugin might declare it: pods found by their label and
+    proven by their ownerReference, but no ``owner_resource`` (the owner is never read, so
+    its size is unknown and the old rule applies)."""
+
+    @staticmethod
+    @hookimpl
+    def ungater_kinds() -> list[KindSpec]:
+        return [KindSpec(group="batch", kind="Job", pod_label=job_plugin.CONTROLLER_UID_LABEL)]
+
+    ungater_pod_selector = staticmethod(job_plugin.ungater_pod_selector)
+    ungater_owns_pod = staticmethod(job_plugin.ungater_owns_pod)
+    ungater_pod_set = staticmethod(job_plugin.ungater_pod_set)
+    ungater_sort_key = staticmethod(job_plugin.ungater_sort_key)
+
+
+async def test_a_freed_slot_of_a_kind_whose_owner_is_never_read_is_refilled_without_one() -> None:
+    """No owner resource and no objects between: there is no owner to read, so the fence
+    reads only the slice, and the freed slot is refilled under it."""
+    fake = FakeKube()
+    client = Recording(fake)
+    _, key, pods = fenced_job(fake)
+    async with standby(fake, client=client, plugins={"label-only": LabelOnlyJobs}) as (ctl, _):
+        await cached(ctl, key, fake, 3)
+        assert ctl.kinds[JOB].handler.spec.owner_resource is None
+        released_by_someone(fake, pods[0], phase="Failed")
+        await cached(ctl, key, fake, 3)
+        await eventually(lambda: key in ctl.state.freed_rv, timeout=3, what="the freed slot")
+        client.gets.clear()
+        decision = await ctl.reconciler.reconcile(key)
+        assert decision is not None and decision.released_names == [name(pods[2])]
+        assert [r.plural for r in client.gets if r.plural != "pods"] == ["workloads"]
+        assert key.uid not in ctl.state.owner_rv
+
+
+async def test_a_freed_slot_whose_job_was_never_cached_is_refilled_after_reading_it() -> None:
+    """The Job watch has not shown the Job at all when a released pod fails: an owner never
+    seen is older than any freed slot, so the Job is read fresh (and kept) before the refill."""
+    fake = FakeKube()
+    client = Recording(fake)
+    async with standby(fake, client=client) as (ctl, _):
+        fake.drop_events = {"jobs"}
+        j, key, pods = fenced_job(fake)
+        await cached(ctl, key, fake, 3)
+        released_by_someone(fake, pods[0], phase="Failed")
+        await cached(ctl, key, fake, 3)
+        await eventually(lambda: key in ctl.state.freed_rv, timeout=3, what="the freed slot")
+        assert key.uid not in ctl.state.owner_rv
+        client.gets.clear()
+        decision = await ctl.reconciler.reconcile(key)
+        assert decision is not None and decision.released_names == [name(pods[2])]
+        assert JOB_RESOURCE in client.gets
+        now = fake.read(JOBS, NAMESPACE, name(j))
+        assert now is not None
+        assert ctl.state.owner_rv[key.uid] == int(now["metadata"]["resourceVersion"])
+
+
+async def test_audit_mode_bounds_what_would_be_released_by_the_owners_size() -> None:
+    """The Job shrank to 1 while its slice still admits 2: release mode would refill nothing,
+    and audit mode's decision (what release mode would do) says the same."""
+    fake = FakeKube()
+    j, key, pods = setup(fake, pods=2, admitted=2, released=1)
+    j["spec"]["parallelism"] = 1
+    fake.put(JOBS, j)
+    cfg = config(kinds=[{"group": "batch", "kind": "Job", "mode": "audit"}])
+    async with standby(fake, cfg) as (ctl, _):
+        await cached(ctl, key, fake, 2)
+        await synced_owner(ctl, key)
+        decision = await ctl.reconciler.reconcile(key)
+        assert decision is not None and decision.released_names == []
+        assert gated(fake, pods[1]) and not fake.patches
+
+
+async def test_audit_mode_keeps_each_owners_findings_apart() -> None:
+    """Two over-released Jobs in audit mode, audited in turn: each finding is dated from its
+    own owner's first audit, so both are reported once the grace has passed."""
+    fake = FakeKube()
+    keys = [setup(fake, pods=2, admitted=1, released=2, name=n)[1] for n in ("a", "b")]
+    cfg = config(
+        kinds=[{"group": "batch", "kind": "Job", "mode": "audit"}],
+        audit={"reportAfterSeconds": 5.0},
+    )
+    async with standby(fake, cfg) as (ctl, _):
+        clock = ManualClock(1000.0)
+        ctl.auditor.wall_clock = clock
+        await eventually(
+            lambda: (
+                all(len(ctl.workloads.for_owner(k.uid)) == 1 for k in keys)
+                and len(rt_of(ctl).pods) == 4
+            ),
+            timeout=5,
+            what="both Jobs cached",
+        )
+        for key in keys:
+            await ctl.reconciler.reconcile(key)
+        assert ctl.auditor.reported == 0
+        clock.now += 6.0
+        for key in keys:
+            await ctl.reconciler.reconcile(key)
+        reported = sorted(f.owner for f in ctl.auditor.tracker.findings())
+        assert ctl.auditor.reported == 2
+        assert reported == [f"Job {NAMESPACE}/a", f"Job {NAMESPACE}/b"]
