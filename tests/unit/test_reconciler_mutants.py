@@ -603,6 +603,14 @@ async def synced_owner(ctl: Controller, key: OwnerKey) -> None:
     await eventually(lambda: key.uid in ctl.state.owner_rv, timeout=3, what="the cached Job")
 
 
+async def synced_then_blind(ctl: Controller, fake: FakeKube, key: OwnerKey, plural: str) -> None:
+    """The caches hold the fenced Job, its slice and its 3 pods; from now on the ``plural``
+    watch shows nothing, so what the fake changes there only a fresh read sees."""
+    await cached(ctl, key, fake, 3)
+    await synced_owner(ctl, key)
+    fake.drop_events = {plural}
+
+
 async def test_a_freed_slot_is_refilled_after_reading_the_job_and_its_slice_fresh() -> None:
     """The fence reads the owner as the plugin names it (batch/v1 jobs, kind Job) and the
     slice at the served Workload version; both agree with the caches, so the freed slot is
@@ -611,9 +619,7 @@ async def test_a_freed_slot_is_refilled_after_reading_the_job_and_its_slice_fres
     client = Recording(fake)
     j, key, pods = fenced_job(fake)
     async with standby(fake, client=client) as (ctl, _):
-        await cached(ctl, key, fake, 3)
-        await synced_owner(ctl, key)
-        fake.drop_events = {"jobs"}
+        await synced_then_blind(ctl, fake, key, "jobs")
         fake.put(JOBS, j)  # the Job moves on; the cache does not see it
         await free_a_slot(ctl, fake, key, pods[0])
         client.gets.clear()
@@ -642,9 +648,7 @@ async def test_a_fence_read_that_fails_refills_nothing_and_fails_the_reconcile(
     client = Recording(fake)
     j, key, pods = fenced_job(fake)
     async with standby(fake, client=client) as (ctl, _):
-        await cached(ctl, key, fake, 3)
-        await synced_owner(ctl, key)
-        fake.drop_events = {"jobs"}
+        await synced_then_blind(ctl, fake, key, "jobs")
         fake.put(JOBS, j)
         await free_a_slot(ctl, fake, key, pods[0])
 
@@ -666,9 +670,7 @@ async def test_a_freed_slot_is_not_refilled_when_the_fresh_job_is_not_ours(how: 
     client = Recording(fake)
     j, key, pods = fenced_job(fake)
     async with standby(fake, client=client) as (ctl, _):
-        await cached(ctl, key, fake, 3)
-        await synced_owner(ctl, key)
-        fake.drop_events = {"jobs"}
+        await synced_then_blind(ctl, fake, key, "jobs")
         if how in ("replaced", "gone"):
             fake.delete(JOBS, NAMESPACE, name(j))
         if how == "replaced":
@@ -697,9 +699,7 @@ async def test_a_freed_slot_is_not_refilled_when_the_fresh_slice_is_not_ours(how
     fake = FakeKube()
     j, key, pods = fenced_job(fake)
     async with standby(fake) as (ctl, _):
-        await cached(ctl, key, fake, 3)
-        await synced_owner(ctl, key)
-        fake.drop_events = {"workloads"}
+        await synced_then_blind(ctl, fake, key, "workloads")
         old = ctl.workloads.for_owner(key.uid)[0]
         fake.delete(WORKLOADS, NAMESPACE, old.name)
         if how == "replaced":
@@ -719,9 +719,7 @@ async def test_a_slice_lowered_in_place_is_honoured_from_the_fresh_read() -> Non
     fake = FakeKube()
     j, key, pods = fenced_job(fake)
     async with standby(fake) as (ctl, _):
-        await cached(ctl, key, fake, 3)
-        await synced_owner(ctl, key)
-        fake.drop_events = {"workloads"}
+        await synced_then_blind(ctl, fake, key, "workloads")
         await free_a_slot(ctl, fake, key, pods[0])
         lowered = fake.put(WORKLOADS, workload(j, {"main": 3}, admitted={"main": 1}))
         decision = await ctl.reconciler.reconcile(key)
@@ -873,9 +871,7 @@ async def test_a_slice_read_back_under_another_owner_is_no_longer_this_owners() 
     _, key, pods = fenced_job(fake)
     other = fake.put(JOBS, job("other", parallelism=1))
     async with standby(fake) as (ctl, _):
-        await cached(ctl, key, fake, 3)
-        await synced_owner(ctl, key)
-        fake.drop_events = {"workloads"}
+        await synced_then_blind(ctl, fake, key, "workloads")
         (old,) = ctl.workloads.for_owner(key.uid)
         reowned = fake.read(WORKLOADS, NAMESPACE, old.name)
         assert reowned is not None
