@@ -19,6 +19,7 @@ import ungater_plugins.raycluster as raycluster_plugin
 import ungater_plugins.rayjob as rayjob_plugin
 
 from tests.fakekube import FakeKube
+from tests.lagging import Lagging
 from tests.objects import RAYCLUSTERS, WORKLOADS
 from tests.polling import eventually, holds_for
 from tests.unit.podfactory import (
@@ -35,7 +36,6 @@ from tests.unit.podfactory import (
     uid_for,
     workload,
 )
-from tests.unit.test_stale_views import Lagging
 from ungater._config import Config
 from ungater._controller import Controller
 from ungater._kube import PODS
