@@ -203,20 +203,24 @@ async def test_a_patch_with_an_unknown_outcome_is_counted_each_time(failure: Exc
 
 async def test_a_release_landing_on_a_terminating_pod_is_no_release() -> None:
     """The guarded patch succeeds on a pod already being deleted: the gate is gone, but the pod
-    runs nothing, so the outcome is ``deleting`` (counted apart), never ``released``."""
+    runs nothing, so the outcome is ``deleting`` (counted apart, each time), never
+    ``released``."""
     fake = FakeKube()
-    raw = pod("d")
-    raw["metadata"]["finalizers"] = ["example.com/keep"]
-    r = release_of(fake.put(PODS, raw))
-    fake.delete(PODS, NS, "d")  # terminating, still gated
+    terminating = []
+    for name in ("c", "d"):
+        raw = pod(name)
+        raw["metadata"]["finalizers"] = ["example.com/keep"]
+        terminating.append(release_of(fake.put(PODS, raw)))
+        fake.delete(PODS, NS, name)  # terminating, still gated
     live = release_of(fake.put(PODS, pod("e")))
     metrics = Metrics()
     p, _, state = patcher(fake, metrics)
-    assert await p.release(r) == DELETING
+    for r in terminating:
+        assert await p.release(r) == DELETING
     assert await p.release(live) == RELEASED
     assert (state.stats.released_deleting, patches_total(metrics)) == (
-        1,
-        {"deleting": 1.0, "released": 1.0},
+        2,
+        {"deleting": 2.0, "released": 1.0},
     )
 
 
