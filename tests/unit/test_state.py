@@ -1,0 +1,271 @@
+"""What the controller's parts share (``ungater/_state.py``), one method at a time, with no I/O.
+
+The caches' bookkeeping (intermediate objects by controller, owner facts by resourceVersion),
+the names log lines give an owner, and the figures a scrape reads: each test fails when one of
+these keeps the wrong version, forgets too much or too little, or reports a figure it was not
+given (docs/testing.md, mutation testing).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import ungater_plugins.job as job_plugin
+
+from tests.fakekube import FakeKube
+from tests.unit.builders import NS, owner_ref, workload
+from tests.unit.podfactory import cluster_of, ray_owner
+from ungater._cache import OwnerKey
+from ungater._config import Config
+from ungater._controller import Controller
+from ungater._decision import WAIT_CAPACITY, Decision, PodSetReport, Waiting
+from ungater._guard import GuardStatus
+from ungater._model import Kind, ObjectView, parse_object, parse_pod, parse_workload
+from ungater._reflector import ReflectorStats
+from ungater._registry import PluginRegistry
+from ungater._state import OwnerFacts, State
+from ungater.plugin_api import KindSpec, hookimpl
+
+JOB = Kind("batch", "Job")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class FactlessJobs:
+    """The Job kind with an owner-facts hook that always fails (a plugin bug)."""
+
+    @staticmethod
+    @hookimpl
+    def ungater_kinds() -> list[KindSpec]:
+        return [
+            KindSpec(
+                group="batch",
+                kind="Job",
+                pod_label=job_plugin.CONTROLLER_UID_LABEL,
+                owner_resource=job_plugin.JOBS,
+            )
+        ]
+
+    @staticmethod
+    @hookimpl
+    def ungater_owner_facts(owner_object: Any) -> Any:
+        raise ValueError("cannot read this Job")
+
+    ungater_pod_selector = staticmethod(job_plugin.ungater_pod_selector)
+    ungater_owns_pod = staticmethod(job_plugin.ungater_owns_pod)
+    ungater_pod_set = staticmethod(job_plugin.ungater_pod_set)
+
+
+def state(plugin: Any = job_plugin) -> State:
+    cfg = Config.model_validate({"kinds": [{"group": "batch", "kind": "Job"}]})
+    return Controller(cfg, FakeKube(), PluginRegistry.from_modules({"jobs": plugin})).state
+
+
+def sliced(s: State, owner: str, wl_name: str) -> OwnerKey:
+    """Cache a slice owned by the Job ``owner``; the owner's key."""
+    wl = workload(wl_name, uid=f"uid-{wl_name}")
+    wl["metadata"]["ownerReferences"] = [owner_ref(name=owner, uid=f"uid-{owner}")]
+    s.workloads.on_change(None, parse_workload(wl))
+    return OwnerKey(NS, f"uid-{owner}")
+
+
+def rayjob_uid(name: str) -> str:
+    return str(ray_owner("RayJob", name)["metadata"]["uid"])
+
+
+def cluster(name: str, rv: int, controller: str = "rayjob-a") -> ObjectView:
+    raw = cluster_of(ray_owner("RayJob", controller), name, {"workers": (1, 1)})
+    raw["metadata"]["resourceVersion"] = str(rv)
+    return parse_object(raw)
+
+
+# -- names and kinds of owners -------------------------------------------------------------------
+
+
+def test_an_owner_is_named_by_its_slices_owner_reference_or_else_by_its_uid() -> None:
+    s = state()
+    key = sliced(s, "train", "wl-train")
+    assert s.describe(key) == f"Job.batch {NS}/train"
+    assert s.describe(OwnerKey(NS, "uid-unknown")) == f"owner {NS}/uid-unknown"
+
+
+def test_the_kind_of_an_owner_without_slices_is_none() -> None:
+    s = state()
+    key = sliced(s, "train", "wl-train")
+    assert s.kind_of(key) is s.kinds[JOB]
+    assert s.kind_of(OwnerKey(NS, "uid-unknown")) is None
+
+
+# -- intermediate objects --------------------------------------------------------------------------
+
+
+def test_an_older_view_of_a_cached_object_does_not_replace_a_newer_one() -> None:
+    """A fresh read kept version 20; the watch's event of version 10 arrives after it."""
+    s = state()
+    s.keep_object(cluster("rc", 20))
+    s.keep_object(cluster("rc", 10))
+    (held,) = s.objects.values()
+    assert held.resource_version == "20"
+    s.keep_object(cluster("rc", 30))
+    (held,) = s.objects.values()
+    assert held.resource_version == "30"
+    assert [v.resource_version for v in s.objects_controlled_by(rayjob_uid("rayjob-a"))] == ["30"]
+
+
+def test_an_object_that_moves_to_another_controller_leaves_the_first_ones_list() -> None:
+    s = state()
+    s.keep_object(cluster("rc", 10, controller="rayjob-a"))
+    s.keep_object(cluster("rc", 11, controller="rayjob-b"))
+    assert s.objects_controlled_by(rayjob_uid("rayjob-a")) == []
+    assert [v.resource_version for v in s.objects_controlled_by(rayjob_uid("rayjob-b"))] == ["11"]
+
+
+def test_forgetting_one_object_keeps_its_controllers_others() -> None:
+    s = state()
+    first, second = cluster("rc-1", 10), cluster("rc-2", 11)
+    s.keep_object(first)
+    s.keep_object(second)
+    s.forget_object(first)
+    assert [v.name for v in s.objects_controlled_by(rayjob_uid("rayjob-a"))] == ["rc-2"]
+    s.forget_object(second)
+    assert s.objects_controlled_by(rayjob_uid("rayjob-a")) == [] and not s.controlled
+    s.forget_object(second)  # forgotten twice (a fresh read, then the watch's DELETED)
+    assert not s.objects
+
+
+# -- owner objects -------------------------------------------------------------------------------
+
+
+def job_object(rv: str = "5") -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "train", "namespace": NS, "uid": "uid-train", "resourceVersion": rv},
+        "spec": {"parallelism": 3},
+    }
+
+
+def test_a_failing_owner_facts_hook_is_counted_each_time_and_leaves_no_facts() -> None:
+    s = state(FactlessJobs)
+    rt = s.kinds[JOB]
+    view = s.parse_owner(rt, job_object())
+    assert view == OwnerFacts(NS, "uid-train", {}, "5")
+    s.parse_owner(rt, job_object())
+    assert s.stats.plugin_errors == 2
+    via = s.parse_via(rt, job_object())
+    assert via.facts == {} and via.name == "train"
+    s.parse_via(rt, job_object())
+    assert s.stats.plugin_errors == 4
+
+
+def test_an_older_owner_event_does_not_replace_a_fresh_read() -> None:
+    s = state()
+    s.keep_owner(OwnerFacts(NS, "uid-train", {"parallelism": 1}, "20"))
+    s.keep_owner(OwnerFacts(NS, "uid-train", {"parallelism": 3}, "10"))
+    assert s.owner_facts["uid-train"] == {"parallelism": 1} and s.owner_rv["uid-train"] == 20
+    s.keep_owner(OwnerFacts(NS, "uid-other", {"parallelism": 2}, "10"))  # another owner
+    assert s.owner_rv == {"uid-train": 20, "uid-other": 10}
+
+
+def test_an_owner_version_that_cannot_be_ordered_counts_as_older_than_any_pod_event() -> None:
+    """The fence compares the owner's resourceVersion with a pod's (at least 1)."""
+    s = state()
+    s.keep_owner(OwnerFacts(NS, "uid-train", {"parallelism": 1}, "not-a-number"))
+    assert s.owner_facts["uid-train"] == {"parallelism": 1}
+    assert s.owner_rv["uid-train"] < 1
+
+
+def test_a_forgotten_owner_leaves_no_facts_and_no_version() -> None:
+    s = state()
+    view = OwnerFacts(NS, "uid-train", {"parallelism": 1}, "20")
+    s.keep_owner(view)
+    s.forget_owner(view)
+    assert "uid-train" not in s.owner_facts and "uid-train" not in s.owner_rv
+    s.forget_owner(view)  # twice: nothing left to forget, no error
+
+
+# -- figures -------------------------------------------------------------------------------------
+
+
+def waiting(n: int) -> Decision:
+    report = PodSetReport(
+        "main",
+        spec_count=n + 1,
+        admitted_count=1,
+        cap=1,
+        live_ungated=1,
+        in_flight=0,
+        gated=n,
+        waiting=tuple(Waiting(f"p{i}", "no room", WAIT_CAPACITY) for i in range(n)),
+    )
+    return Decision(active_slice="wl", summary="", pod_sets=(report,))
+
+
+def test_gated_pods_sum_over_owners_and_skip_owners_no_longer_known() -> None:
+    s = state()
+    s.decisions[OwnerKey(NS, "uid-gone")] = waiting(5)  # its slices went: no kind
+    s.decisions[sliced(s, "a", "wl-a")] = waiting(2)
+    s.decisions[sliced(s, "b", "wl-b")] = waiting(1)
+    assert s.gated_pods() == {("Job.batch", s.kinds[JOB].gate, WAIT_CAPACITY): 3}
+
+
+def reflector_stats(**counts: int) -> ReflectorStats:
+    stats = ReflectorStats()
+    for name, n in counts.items():
+        setattr(stats, name, n)
+    return stats
+
+
+@pytest.mark.anyio
+async def test_a_snapshot_reports_each_figure_it_is_given() -> None:
+    s = state()
+    rt = s.kinds[JOB]
+    s.queue.add(OwnerKey(NS, "a"))
+    s.queue.add_rate_limited(OwnerKey(NS, "b"))
+    s.expectations.expect(OwnerKey(NS, "a"), ["uid-p"], JOB)
+    s.expectations.expired_total = 4
+    sliced(s, "a", "wl-a")
+    raw = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "p",
+            "namespace": NS,
+            "uid": "uid-p",
+            "resourceVersion": "3",
+            "labels": {job_plugin.CONTROLLER_UID_LABEL: "uid-a"},
+        },
+        "spec": {},
+    }
+    rt.pods.on_change(None, parse_pod(raw))
+    s.keep_object(cluster("rc", 10))
+    s.guard.status = {rt.gate: GuardStatus(rt.gate, "unguarded")}
+    watches = [
+        ("pods", reflector_stats(watch_restarts=2, relists_gone=1)),
+        ("pods", reflector_stats(watch_restarts=3)),
+        ("workloads", reflector_stats(watch_restarts=1)),
+    ]
+    snap = s.snapshot(watches, synced=True)
+    assert (snap.queue_depth, snap.queue_adds, snap.queue_retries) == (
+        s.queue.depth,
+        s.queue.adds,
+        s.queue.retries,
+    )
+    assert s.queue.retries == 1 and s.queue.adds >= 1
+    assert (snap.expectations_pending, snap.expectations_expired) == (1, 4)
+    assert snap.watches["pods"]["watch_restarts"] == 5
+    assert snap.watches["pods"]["relists_gone"] == 1
+    assert snap.watches["workloads"]["watch_restarts"] == 1
+    assert (snap.cached_workloads, snap.cached_pods, snap.cached_intermediates) == (1, 1, 1)
+    assert snap.synced is True
+    assert snap.gate_guard == {rt.gate: "unguarded"}
+    assert snap.stood_down == {"Job.batch": False}
+
+
+@pytest.mark.parametrize("synced", [True, False])
+def test_a_snapshot_says_whether_the_caches_synced(synced: bool) -> None:
+    assert state().snapshot([], synced=synced).synced is synced
