@@ -10,12 +10,12 @@ from typing import Any
 from bench.api import BenchApi
 from bench.objects import JOBS
 from ungater._kube import ApiError, Resource
+from ungater_devtools.devcluster.peers import queued_job
 
 __all__ = [
     "KUEUE_GATE",
     "UNGATER_GATE",
     "create_queues",
-    "elastic_job",
     "kueue_controller_config",
 ]
 
@@ -59,40 +59,11 @@ async def delete_queues(api: BenchApi, cluster_queue: str) -> None:
     await api.kube.delete(CLUSTER_QUEUES, None, cluster_queue)
 
 
-def elastic_job(name: str, parallelism: int, completions: int) -> dict[str, Any]:
-    """A real elastic Indexed Job under ``user-queue``: 1 CPU per pod, our gate in the template."""
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "labels": {"kueue.x-k8s.io/queue-name": "user-queue"},
-            "annotations": {"kueue.x-k8s.io/elastic-job": "true"},
-        },
-        "spec": {
-            "parallelism": parallelism,
-            "completions": completions,
-            "completionMode": "Indexed",
-            "template": {
-                "spec": {
-                    "schedulingGates": [{"name": UNGATER_GATE}],
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "registry.invalid/trainer:1",
-                            "resources": {"requests": {"cpu": "1"}},
-                        }
-                    ],
-                }
-            },
-        },
-    }
-
-
 async def create_job(api: BenchApi, ns: str, name: str, parallelism: int, completions: int) -> str:
     """Create the Job; its UID (the pods' controller-uid label)."""
-    job = await api.kube.create(JOBS, ns, elastic_job(name, parallelism, completions))
+    job = await api.kube.create(
+        JOBS, ns, queued_job(name, parallelism, completions, gate=UNGATER_GATE)
+    )
     return str(job["metadata"]["uid"])
 
 

@@ -29,36 +29,6 @@ PODS = "/api/v1/namespaces/" + NAMESPACE + "/pods"
 SCRAPE_S = 2.0
 
 
-def elastic_job(name: str, size: int, completions: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "labels": {"kueue.x-k8s.io/queue-name": "user-queue"},
-            "annotations": {"kueue.x-k8s.io/elastic-job": "true"},
-        },
-        "spec": {
-            "parallelism": size,
-            "completions": completions,
-            "completionMode": "Indexed",
-            "template": {
-                "spec": {
-                    "schedulingGates": [{"name": GATE}],
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "registry.invalid/trainer:1",
-                            "resources": {"requests": {"cpu": "1"}},
-                        }
-                    ],
-                }
-            },
-        },
-    }
-
-
 class Replica:
     """One ``ungater run`` process and its log."""
 
@@ -129,7 +99,12 @@ class Scraper(threading.Thread):
 
 def record(out: Path, *, say: Callable[[str], None] = print) -> None:
     from ungater_devtools.devcluster.cluster import LocalControlPlane
-    from ungater_devtools.devcluster.peers import create_default_flavor, create_queues, set_quota
+    from ungater_devtools.devcluster.peers import (
+        create_default_flavor,
+        create_queues,
+        queued_job,
+        set_quota,
+    )
 
     out.mkdir(parents=True, exist_ok=True)
     with LocalControlPlane(peers=True) as plane:
@@ -178,7 +153,9 @@ def record(out: Path, *, say: Callable[[str], None] = print) -> None:
             (
                 10,
                 "four elastic Jobs of 2 pods each fill the 8-CPU quota",
-                lambda: [call("POST", JOBS, elastic_job(f"train-{i}", 2, 12)) for i in range(4)],
+                lambda: [
+                    call("POST", JOBS, queued_job(f"train-{i}", 2, 12, gate=GATE)) for i in range(4)
+                ],
             ),
             (40, "train-0 grows to 5: its slice waits for quota", lambda: scale("train-0", 5)),
             (

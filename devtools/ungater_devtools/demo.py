@@ -27,6 +27,7 @@ from typing import Any
 import anyio
 
 from ungater._kube import PODS, ApiClientKube, Resource, connect
+from ungater_devtools.devcluster.peers import queued_job
 
 __all__ = ["DEMO_GATE", "run_demo"]
 
@@ -61,32 +62,6 @@ def _true(obj: dict[str, Any], kind: str) -> bool:
         c.get("type") == kind and c.get("status") == "True"
         for c in (obj.get("status") or {}).get("conditions") or ()
     )
-
-
-def job_body(name: str, n: int, *, elastic: bool = True) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "containers": [
-            {"name": "main", "image": "trainer", "resources": {"requests": {"cpu": "1"}}}
-        ],
-    }
-    if elastic:
-        spec["schedulingGates"] = [{"name": DEMO_GATE}]
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "labels": {"kueue.x-k8s.io/queue-name": QUEUE},
-            "annotations": {"kueue.x-k8s.io/elastic-job": "true"} if elastic else {},
-        },
-        "spec": {
-            "parallelism": n,
-            "completions": n,
-            "completionMode": "Indexed",
-            "template": {"spec": spec},
-        },
-    }
 
 
 class Scenario:
@@ -265,7 +240,7 @@ class Scenario:
         say("   Every pod below asks for 1 CPU, so at most 6 pods fit at once.")
 
         await self.step("2. Another team's Job takes 2 CPUs of the quota")
-        await self.c.create(JOBS, NS, job_body("other", 2, elastic=False))
+        await self.c.create(JOBS, NS, queued_job("other", 2, elastic=False, queue=QUEUE))
         say("   Kueue admits it (2 of 6 CPUs used).")
 
         await self.step("3. A user creates an elastic Indexed Job with 3 pods")
@@ -274,7 +249,9 @@ class Scenario:
         say("   for 3 pods (5 of 6 CPUs used), the Job controller creates 3 gated pods, Kueue")
         say("   lifts its own gate from all of them and ungater releases exactly 3, lowest")
         say("   completion index first:")
-        self.job = await self.c.create(JOBS, NS, job_body("train", 3))
+        self.job = await self.c.create(
+            JOBS, NS, queued_job("train", 3, gate=DEMO_GATE, queue=QUEUE)
+        )
         await self.watch_until(3, 3)
 
         await self.step("4. The user scales the Job up to 5: the quota says no")

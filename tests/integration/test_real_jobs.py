@@ -24,38 +24,9 @@ from tests.integration.realpeers import (
 )
 from tests.objects import JOBS, PODS, WORKLOADS, gates_of
 from tests.polling import eventually
+from ungater_devtools.devcluster.peers import queued_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
-
-
-def elastic_job(name: str, parallelism: int, completions: int | None = None) -> dict[str, Any]:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "labels": {"kueue.x-k8s.io/queue-name": "user-queue"},
-            "annotations": {"kueue.x-k8s.io/elastic-job": "true"},
-        },
-        "spec": {
-            "parallelism": parallelism,
-            "completions": completions if completions is not None else parallelism,
-            "completionMode": "Indexed",
-            "template": {
-                "spec": {
-                    "schedulingGates": [{"name": UNGATER_GATE}],
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "registry.invalid/trainer:1",
-                            "resources": {"requests": {"cpu": "1"}},
-                        }
-                    ],
-                }
-            },
-        },
-    }
 
 
 def index(p: dict[str, Any]) -> int:
@@ -107,7 +78,7 @@ async def test_elastic_job_scales_within_the_real_quota(
     ns = kueue_namespace
     config = config_for(ns, gate=UNGATER_GATE)
     async with running_controller(kueue_cluster.kubeconfig_path, config):
-        job = await kueue_kube.create(JOBS, ns, elastic_job("train", 2))
+        job = await kueue_kube.create(JOBS, ns, queued_job("train", 2, gate=UNGATER_GATE))
         assert job["spec"]["suspend"] is True, "Kueue's webhook suspends a queued Job"
         gates = [g["name"] for g in job["spec"]["template"]["spec"]["schedulingGates"]]
         assert gates == [UNGATER_GATE, KUEUE_GATE], "Kueue's webhook adds its gate"
@@ -163,7 +134,7 @@ async def test_finished_and_deleted_pods_free_their_slot(
     ns = kueue_namespace
     config = config_for(ns, gate=UNGATER_GATE)
     async with running_controller(kueue_cluster.kubeconfig_path, config):
-        job = await kueue_kube.create(JOBS, ns, elastic_job("steps", 2, completions=5))
+        job = await kueue_kube.create(JOBS, ns, queued_job("steps", 2, 5, gate=UNGATER_GATE))
         async with watch(kueue_kube, ns, job) as w:
             await w.settle("admitted 2 of 5 completions", expect={"main": 2})
             assert await ours(kueue_kube, ns, job) == [0, 1]
@@ -207,7 +178,7 @@ async def test_slot_freed_while_a_scale_up_is_pending(
     ns = kueue_namespace
     config = config_for(ns, gate=UNGATER_GATE)
     async with running_controller(kueue_cluster.kubeconfig_path, config):
-        job = await kueue_kube.create(JOBS, ns, elastic_job("pend", 4, completions=4))
+        job = await kueue_kube.create(JOBS, ns, queued_job("pend", 4, gate=UNGATER_GATE))
         async with watch(kueue_kube, ns, job) as w:
             await w.settle("admitted 4", expect={"main": 4})
             await scale(kueue_kube, ns, "pend", 6)

@@ -29,6 +29,7 @@ from tests.integration.realpeers import (
 from tests.integration.test_real_jobs import index, job_size, pending_slice
 from tests.objects import JOBS, PODS, WORKLOADS, gates_of
 from tests.polling import eventually
+from ungater_devtools.devcluster.peers import queued_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -41,36 +42,6 @@ def guarded(kueue_cluster: Any, kueue_namespace: str) -> Iterator[None]:
     docs = [d for d in yaml.safe_load_all(POLICY.read_text()) if d]
     with gate_policy_in_force(kueue_cluster, kueue_namespace, docs, {}):
         yield
-
-
-def elastic_job(name: str, parallelism: int) -> dict[str, Any]:
-    """An elastic Indexed Job with no gate of its own: Kueue's webhook adds its gate."""
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "labels": {"kueue.x-k8s.io/queue-name": "user-queue"},
-            "annotations": {"kueue.x-k8s.io/elastic-job": "true"},
-        },
-        "spec": {
-            "parallelism": parallelism,
-            "completions": parallelism,
-            "completionMode": "Indexed",
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "containers": [
-                        {
-                            "name": "main",
-                            "image": "registry.invalid/trainer:1",
-                            "resources": {"requests": {"cpu": "1"}},
-                        }
-                    ],
-                }
-            },
-        },
-    }
 
 
 async def released(kube: Kube, ns: str, job: dict[str, Any]) -> list[int]:
@@ -124,7 +95,7 @@ async def test_ungater_releases_kueues_gate_alone_under_the_policy(
     ) as ctl:
         await eventually(lambda: ctl.guard.status.get(KUEUE_GATE) is not None, timeout=30)
         assert ctl.guard.status[KUEUE_GATE].state == "guarded"
-        job = await kueue_kube.create(JOBS, ns, elastic_job("train", 2))
+        job = await kueue_kube.create(JOBS, ns, queued_job("train", 2))
         gates = [g["name"] for g in job["spec"]["template"]["spec"]["schedulingGates"]]
         assert gates == [KUEUE_GATE], "Kueue's webhook still adds its gate"
         watch = SliceWatch(
@@ -183,7 +154,7 @@ async def test_beside_the_real_kueue_without_the_policy_ungater_stands_down(
     ) as ctl:
         await eventually(lambda: ctl.guard.status.get(KUEUE_GATE) is not None, timeout=30)
         assert ctl.guard.status[KUEUE_GATE].state != "guarded"
-        job = await kueue_kube.create(JOBS, ns, elastic_job("train", 3))
+        job = await kueue_kube.create(JOBS, ns, queued_job("train", 3))
         await eventually(
             lambda: _released_count(kueue_kube, ns, job, 3), timeout=60, what="Kueue releases 3"
         )

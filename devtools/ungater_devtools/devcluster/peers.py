@@ -45,6 +45,7 @@ __all__ = [
     "create_default_flavor",
     "create_queues",
     "delete_queues",
+    "queued_job",
     "service_account_user",
     "set_quota",
 ]
@@ -596,6 +597,48 @@ def create_queues(
         status, body = plane.request("POST", path, obj)
         if status != 201:
             raise RuntimeError(f"creating {obj['kind']} {cluster_queue}: HTTP {status}: {body}")
+
+
+def queued_job(
+    name: str,
+    parallelism: int,
+    completions: int | None = None,
+    *,
+    gate: str | None = None,
+    elastic: bool = True,
+    queue: str = "user-queue",
+) -> dict[str, Any]:
+    """An Indexed Job in ``queue`` (the LocalQueue of ``create_queues``), 1 CPU per pod,
+    ``completions`` defaulting to ``parallelism``. Elastic marks it for Kueue's workload
+    slices; ``gate`` is put in its pod template (with none, only Kueue's webhook gates its
+    pods). The image is never pulled: the local control plane has no nodes."""
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [
+            {
+                "name": "main",
+                "image": "registry.invalid/trainer:1",
+                "resources": {"requests": {"cpu": "1"}},
+            }
+        ],
+    }
+    if gate is not None:
+        pod = {"schedulingGates": [{"name": gate}], **pod}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "labels": {"kueue.x-k8s.io/queue-name": queue},
+            "annotations": {"kueue.x-k8s.io/elastic-job": "true"} if elastic else {},
+        },
+        "spec": {
+            "parallelism": parallelism,
+            "completions": parallelism if completions is None else completions,
+            "completionMode": "Indexed",
+            "template": {"spec": pod},
+        },
+    }
 
 
 def set_quota(plane: LocalControlPlane, cluster_queue: str, cpu: int) -> None:
