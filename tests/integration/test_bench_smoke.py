@@ -122,9 +122,16 @@ def test_quick_side_by_side_with_the_real_kueue(kueue_cluster: Any, tmp_path: Pa
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     k = json.loads(out.read_text())["metrics"]["kueue"]
     assert k["controller_exit_code"] == 0
+    kueue_measured = 0
     for name, case in k["cases"].items():
         _sane(case["ungater"], 0, 30)  # every case measured for our gate, none stalled
         assert case["stalls"]["ungater"] == 0, name
         if name != "freed_pending":  # Kueue v0.17.0 waits for the pending slice there
-            _sane(case["kueue"], 0, 30)
+            # Kueue's own release is a sample or a recorded stall: in a full CI run the real
+            # Kueue once left the "succeeded" case's pod gated past the 30 s stall bound.
+            assert case["kueue"]["n"] + case["stalls"]["kueue"] >= 1, name
+            if case["kueue"]["n"]:
+                _sane(case["kueue"], 0, 30)
+                kueue_measured += 1
+    assert kueue_measured >= 3, k["cases"]  # the comparison has a Kueue side
     assert k["burst_totals"]["all_released_ungater_s"] > 0
