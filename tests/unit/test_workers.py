@@ -133,7 +133,11 @@ async def test_each_reconcile_outcome_is_counted_by_result_and_retried_until_it_
         {
             "ok": [ok],
             "conflict": [raising(Changed("pod changed")), ok],
-            "plugin": [raising(PluginError(PLUGIN, "ungater_sort_key", "bad key")), ok],
+            "plugin": [
+                raising(PluginError(PLUGIN, "ungater_sort_key", "bad key")),
+                raising(PluginError(PLUGIN, "ungater_sort_key", "bad key again")),
+                ok,
+            ],
             "boom": [raising(RuntimeError("API gone")), raising(RuntimeError("again")), ok],
         }
     )
@@ -144,7 +148,7 @@ async def test_each_reconcile_outcome_is_counted_by_result_and_retried_until_it_
         await eventually(
             lambda: (
                 sorted(script.calls)
-                == sorted(["ok", *["conflict"] * 2, *["plugin"] * 2, *["boom"] * 3])
+                == sorted(["ok", *["conflict"] * 2, *["plugin"] * 3, *["boom"] * 3])
             ),
             timeout=5,
             what="every key retried until it succeeded",
@@ -154,15 +158,15 @@ async def test_each_reconcile_outcome_is_counted_by_result_and_retried_until_it_
     assert results == {
         (("result", "success"),): 4.0,
         (("result", "conflict"),): 1.0,
-        (("result", "plugin_error"),): 1.0,
+        (("result", "plugin_error"),): 2.0,
         (("result", "error"),): 2.0,
     }
-    assert (ctl.stats.plugin_errors, ctl.stats.reconcile_errors) == (1, 2)
-    assert samples(metrics, "ungater_plugin_errors_total") == {(("plugin", "acme-jobs"),): 1.0}
+    assert (ctl.stats.plugin_errors, ctl.stats.reconcile_errors) == (2, 2)
+    assert samples(metrics, "ungater_plugin_errors_total") == {(("plugin", "acme-jobs"),): 2.0}
     assert all(ctl.queue.failures(key(uid)) == 0 for uid in script.steps)
     (count,) = samples(metrics, "ungater_reconcile_duration_seconds_count").values()
     (total,) = samples(metrics, "ungater_reconcile_duration_seconds_sum").values()
-    assert count == 8.0 and 0.0 <= total < 5.0  # each one's own duration, not a timestamp
+    assert count == 9.0 and 0.0 <= total < 5.0  # each one's own duration, not a timestamp
 
 
 async def test_a_plugin_error_is_announced_on_the_owners_slice_with_its_message() -> None:
