@@ -58,7 +58,6 @@ class Controller:
         self.client = client
         self.registry = registry
         self.metrics = metrics
-        self.events = events
         self.stats = Stats()
         s = self.state = State(
             config, client, self._resolve_kinds(), self.stats, clock, metrics, events

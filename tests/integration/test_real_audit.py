@@ -221,6 +221,18 @@ def gauge(ctl: Any, finding: str) -> str:
     return next((x[len(line) :] for x in text.splitlines() if x.startswith(line)), "absent")
 
 
+async def hold_open(watch: SliceWatch, wl: dict[str, Any], seconds: float) -> None:
+    """Wait until the open over-release span of slice ``wl`` has lasted ``seconds`` as the
+    test's watch saw it: the test ends the span by playing the autoscaler, so how long it lasts
+    is the test's doing, not Kueue's."""
+    name = wl["metadata"]["name"]
+    spans = [x for x in watch.excess(KUEUE_GATE) if x.workload == name and x.end is None]
+    assert spans, f"no open over-release span of {name}: " + "; ".join(
+        x.line() for x in watch.excess(KUEUE_GATE)
+    )
+    await anyio.sleep(max(0.0, seconds - spans[-1].seconds()))
+
+
 def check_against_spans(spans: list[Excess], reports: Reports) -> None:
     """Every span that lasted past the threshold was reported, naming its slice, pod set and
     the pods it had; every reported over-release is a span the test saw too, long enough."""
@@ -308,6 +320,8 @@ async def test_audit_reports_kueues_scale_down_over_release_and_a_stall(
             (f,) = [f for f in report["findings"] if f["finding"] == OVER_RELEASE]
             assert f["workload"] == wl["metadata"]["name"] and sorted(f["pods"]) == list(all_eight)
 
+            # the test closes the span itself: hold it open past the threshold by its own clock
+            await hold_open(watch, wl, REPORT_AFTER + LAG + 0.5)
             # playing the autoscaler: name 6 workers to delete; KubeRay deletes them
             await scale(kube, ns, 2, delete=list(all_eight[2:]))
             await eventually(lambda: count_is(kube, ns, 2, 2), timeout=30, what="2 left")

@@ -166,6 +166,7 @@ async def test_keep_releasing_only_says_so() -> None:
         (rt,) = ctl.kinds.values()
         await holds_for(lambda: rt.mode == "release" and not rt.stood_down, 0.2)
         assert not events(fake, "StoodDown")
+        assert ctl.fatal_error == ""  # nothing asks the process to end
 
 
 @pytest.mark.anyio

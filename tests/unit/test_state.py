@@ -269,3 +269,53 @@ async def test_a_snapshot_reports_each_figure_it_is_given() -> None:
 @pytest.mark.parametrize("synced", [True, False])
 def test_a_snapshot_says_whether_the_caches_synced(synced: bool) -> None:
     assert state().snapshot([], synced=synced).synced is synced
+
+
+# -- the parts State builds from the config --------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def configured(clock: Clock, **settings: Any) -> Controller:
+    cfg = Config.model_validate({"kinds": [{"group": "batch", "kind": "Job"}], **settings})
+    return Controller(cfg, FakeKube(), PluginRegistry.from_modules({"jobs": job_plugin}), clock)
+
+
+def test_a_refused_release_backs_off_up_to_the_configured_ceiling_on_the_states_clock() -> None:
+    clock = Clock()
+    s = configured(clock, releaseBlocked={"initialBackoffSeconds": 2, "maxBackoffSeconds": 6}).state
+    clock.now = 100.0
+    tries = [s.blocked.record("u", NS, "p", 422, "no").retry_at - clock.now for _ in range(4)]
+    assert tries == [2.0, 4.0, 6.0, 6.0]
+
+
+def test_the_auditor_waits_the_configured_slice_hand_over_grace() -> None:
+    s = configured(Clock(), sliceHandoverGraceSeconds=7.5).state
+    assert s.auditor.handover_grace == 7.5
+
+
+def test_stand_down_counts_foreign_releases_in_a_window_of_the_states_clock() -> None:
+    clock = Clock()
+    s = configured(clock, standDown={"foreignReleases": 2, "windowSeconds": 10}).state
+    clock.now = 1_000.0
+    assert s.stand_down.record("Job.batch", "g", "team-a/p-0") is None
+    clock.now = 1_020.0  # the first one is out of the window by now
+    assert s.stand_down.record("Job.batch", "g", "team-a/p-1") is None
+    clock.now = 1_021.0
+    assert s.stand_down.record("Job.batch", "g", "team-a/p-2") is not None
+
+
+@pytest.mark.anyio
+async def test_start_checks_the_gate_guard_once_for_a_fractional_interval() -> None:
+    ctl = configured(Clock(), policyCheckIntervalSeconds=0.5)
+    await ctl.start()
+    assert ctl.state.guard.checks == 1
+    never = configured(Clock(), policyCheckIntervalSeconds=0)
+    await never.start()
+    assert never.state.guard.checks == 0
