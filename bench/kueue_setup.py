@@ -10,7 +10,12 @@ from typing import Any
 from bench.api import BenchApi
 from bench.objects import JOBS
 from ungater._kube import ApiError, Resource
-from ungater_devtools.devcluster.peers import queued_job
+from ungater_devtools.devcluster.peers import (
+    DEFAULT_FLAVOR,
+    cluster_queue_object,
+    local_queue_object,
+    queued_job,
+)
 
 __all__ = [
     "KUEUE_GATE",
@@ -27,12 +32,11 @@ _API = ("kueue.x-k8s.io", "v1beta2")
 FLAVORS = Resource(*_API, "resourceflavors", "ResourceFlavor", namespaced=False)
 CLUSTER_QUEUES = Resource(*_API, "clusterqueues", "ClusterQueue", namespaced=False)
 LOCAL_QUEUES = Resource(*_API, "localqueues", "LocalQueue")
-_FLAVOR = "default-flavor"
 
 
 async def _create(api: BenchApi, res: Resource, ns: str | None, body: dict[str, Any]) -> None:
     try:
-        await api.kube.create(res, ns, {"apiVersion": res.api_version, "kind": res.kind, **body})
+        await api.kube.create(res, ns, {"apiVersion": res.api_version, "kind": res.kind} | body)
     except ApiError as exc:
         if exc.status != 409:
             raise
@@ -40,18 +44,10 @@ async def _create(api: BenchApi, res: Resource, ns: str | None, body: dict[str, 
 
 async def create_queues(api: BenchApi, ns: str, cpu: int) -> str:
     """A ClusterQueue of ``cpu`` CPUs for ``ns`` alone and its LocalQueue ``user-queue``."""
-    await _create(api, FLAVORS, None, {"metadata": {"name": _FLAVOR}})
+    await _create(api, FLAVORS, None, {"metadata": {"name": DEFAULT_FLAVOR}})
     cq = f"cq-{ns}"
-    resources = [{"name": "cpu", "nominalQuota": str(cpu)}]
-    spec = {
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-        "resourceGroups": [
-            {"coveredResources": ["cpu"], "flavors": [{"name": _FLAVOR, "resources": resources}]}
-        ],
-    }
-    await _create(api, CLUSTER_QUEUES, None, {"metadata": {"name": cq}, "spec": spec})
-    local = {"metadata": {"name": "user-queue"}, "spec": {"clusterQueue": cq}}
-    await _create(api, LOCAL_QUEUES, ns, local)
+    await _create(api, CLUSTER_QUEUES, None, cluster_queue_object(cq, cpu, namespace=ns))
+    await _create(api, LOCAL_QUEUES, ns, local_queue_object(ns, "user-queue", cq))
     return cq
 
 

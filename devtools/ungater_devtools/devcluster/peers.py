@@ -552,6 +552,37 @@ def create_default_flavor(plane: LocalControlPlane) -> None:
         raise RuntimeError(f"creating ResourceFlavor {DEFAULT_FLAVOR}: HTTP {status}: {body}")
 
 
+def cluster_queue_object(name: str, cpu: int, namespace: str | None = None) -> dict[str, Any]:
+    """A ClusterQueue with ``cpu`` CPUs of the default flavor, open to every namespace or, with
+    ``namespace``, to that one alone."""
+    selector = {"matchLabels": {"kubernetes.io/metadata.name": namespace}} if namespace else {}
+    resources = [{"name": "cpu", "nominalQuota": str(cpu)}]
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ClusterQueue",
+        "metadata": {"name": name},
+        "spec": {
+            "namespaceSelector": selector,
+            "resourceGroups": [
+                {
+                    "coveredResources": ["cpu"],
+                    "flavors": [{"name": DEFAULT_FLAVOR, "resources": resources}],
+                }
+            ],
+        },
+    }
+
+
+def local_queue_object(namespace: str, name: str, cluster_queue: str) -> dict[str, Any]:
+    """A LocalQueue ``name`` in ``namespace`` onto ``cluster_queue``."""
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "LocalQueue",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"clusterQueue": cluster_queue},
+    }
+
+
 def create_queues(
     plane: LocalControlPlane,
     namespace: str,
@@ -562,36 +593,10 @@ def create_queues(
 ) -> None:
     """A ClusterQueue with ``cpu`` CPUs of the default flavor and a LocalQueue onto it."""
     for path, obj in (
-        (
-            f"{KUEUE_API}/clusterqueues",
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "ClusterQueue",
-                "metadata": {"name": cluster_queue},
-                "spec": {
-                    "namespaceSelector": {},
-                    "resourceGroups": [
-                        {
-                            "coveredResources": ["cpu"],
-                            "flavors": [
-                                {
-                                    "name": DEFAULT_FLAVOR,
-                                    "resources": [{"name": "cpu", "nominalQuota": str(cpu)}],
-                                }
-                            ],
-                        }
-                    ],
-                },
-            },
-        ),
+        (f"{KUEUE_API}/clusterqueues", cluster_queue_object(cluster_queue, cpu)),
         (
             f"{KUEUE_API}/namespaces/{namespace}/localqueues",
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "LocalQueue",
-                "metadata": {"name": local_queue, "namespace": namespace},
-                "spec": {"clusterQueue": cluster_queue},
-            },
+            local_queue_object(namespace, local_queue, cluster_queue),
         ),
     ):
         status, body = plane.request("POST", path, obj)
