@@ -137,7 +137,8 @@ def _scale_rows(sc: dict[str, Any]) -> list[Row]:
     if "release_all_seconds" in sc:
         label = f"admit all {sc['workloads']} slices: all released"
         rows.append(_row(label, cfg, sc["release_all_seconds"]))
-        rows.append(_row("peak RSS (VmHWM) after release-all", cfg, sc["peak_rss_mb"]))
+        relists = f" ({sc['relists']} relists)" if "relists" in sc else ""
+        rows.append(_row(f"peak RSS (VmHWM) after release-all{relists}", cfg, sc["peak_rss_mb"]))
     return rows
 
 

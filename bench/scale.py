@@ -84,4 +84,7 @@ async def _release_all(
         "release_all_pods_per_s": len(jobs) * pods_each / (last - t0),
         "rss_after_release_mb": mem["VmRSS"],
         "peak_rss_mb": mem["VmHWM"],
+        # a relist holds a second copy of what changed: say whether the peak includes one
+        "relists": proc.count("gone, relisting"),
+        "watch_restarts": sum(proc.count(f"watch {w}") for w in ("failed", "silent", "error")),
     }

@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from ungater._shared import Shared
+
 __all__ = [
     "ADMITTED",
     "ELASTIC_ANNOTATION",
@@ -233,10 +235,17 @@ def _controller_of(refs: tuple[ObjectRef, ...]) -> ObjectRef | None:
     return None
 
 
+# values repeated across many views (label keys, owner names and uids, the namespace) are kept
+# once; see ungater/_shared.py
+_SHARED = Shared()
+_text = _SHARED.text
+
+
 def _str_map(value: Any) -> dict[str, str]:
-    if not isinstance(value, Mapping):
-        return {}
-    return {str(k): str(v) for k, v in value.items()}
+    if not isinstance(value, Mapping) or not value:
+        return _SHARED.mapping({})
+    # keys and values shared, not the whole map: a pod's labels are often its own (an index)
+    return {_text(str(k)): _text(str(v)) for k, v in value.items()}
 
 
 def _owner_refs(meta: Mapping[str, Any]) -> tuple[ObjectRef, ...]:
@@ -247,10 +256,10 @@ def _owner_refs(meta: Mapping[str, Any]) -> tuple[ObjectRef, ...]:
         try:
             refs.append(
                 ObjectRef(
-                    api_version=str(raw["apiVersion"]),
-                    kind=str(raw["kind"]),
-                    name=str(raw["name"]),
-                    uid=str(raw["uid"]),
+                    api_version=_text(str(raw["apiVersion"])),
+                    kind=_text(str(raw["kind"])),
+                    name=_text(str(raw["name"])),
+                    uid=_text(str(raw["uid"])),
                     controller=bool(raw.get("controller", False)),
                 )
             )
@@ -273,20 +282,22 @@ def parse_pod(obj: Mapping[str, Any]) -> PodView:
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     gates = tuple(
-        str(g["name"])
+        _text(str(g["name"]))
         for g in spec.get("schedulingGates") or ()
         if isinstance(g, Mapping) and "name" in g
     )
-    tolerations = tuple(t for t in spec.get("tolerations") or () if isinstance(t, Mapping))
+    tolerations = tuple(
+        _SHARED.mapping(t) for t in spec.get("tolerations") or () if isinstance(t, Mapping)
+    )
     return PodView(
-        namespace=str(meta.get("namespace", "")),
+        namespace=_text(str(meta.get("namespace", ""))),
         name=str(meta["name"]),
         uid=str(meta["uid"]),
         labels=_str_map(meta.get("labels")),
         annotations=_str_map(meta.get("annotations")),
         owner_refs=_owner_refs(meta),
-        creation_timestamp=str(meta.get("creationTimestamp", "")),
-        phase=str(status.get("phase", "Pending")),
+        creation_timestamp=_text(str(meta.get("creationTimestamp", ""))),
+        phase=_text(str(status.get("phase", "Pending"))),
         deleting=bool(meta.get("deletionTimestamp")),
         gates=gates,
         resource_version=str(meta.get("resourceVersion", "")),

@@ -112,10 +112,16 @@ class Reflector(Generic[V]):
         self._replace_with(fresh)
 
     def _parse_into(self, fresh: dict[str, V | None], items: list[dict[str, Any]]) -> None:
+        # An unchanged object keeps the view already stored: a relist then holds one copy of
+        # every view, not the old store and a new one side by side until the swap.
+        store = self.store
         for obj in items:
             parsed = self._parse(obj)
-            if parsed is not None:
-                fresh[parsed[0]] = parsed[1]
+            if parsed is None:
+                continue
+            uid, view = parsed
+            old = store.get(uid)
+            fresh[uid] = old if old is not None and old == view else view
 
     def _replace_with(self, fresh: dict[str, V | None]) -> None:
         for uid in [u for u in self.store if fresh.get(u) is None]:

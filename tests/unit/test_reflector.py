@@ -189,3 +189,25 @@ def test_replace_makes_the_store_exactly_the_items() -> None:
     r.replace([obj("b", 3, "w"), obj("c", 4, bad=True)])
     assert r.store == {"b": "w"}
     assert changes == [(None, "v"), (None, "v"), ("v", None), ("v", "w")]
+
+
+@pytest.mark.anyio
+async def test_relist_keeps_the_stored_view_of_an_unchanged_object() -> None:
+    """One copy of each view through a relist: an equal view is dropped for the stored one,
+    a changed one replaces it; every object is still reported."""
+    lists = [([obj("a", 1), obj("b", 2)], "10"), ([obj("a", 1), obj("b", 3, "w")], "20")]
+    changes: list[tuple[Any, Any]] = []
+    r = Reflector(
+        Script(lists, []),
+        PODS,
+        "ns",
+        lambda o: [o["value"]],  # a fresh (unhashable, mutable) object per parse
+        lambda old, new: changes.append((old, new)),
+    )
+    await r.relist()
+    first_a, first_b = r.store["a"], r.store["b"]
+    changes.clear()
+    await r.relist()
+    assert r.store["a"] is first_a
+    assert r.store["b"] == ["w"] and r.store["b"] is not first_b
+    assert changes == [(first_a, first_a), (first_b, ["w"])]
