@@ -338,9 +338,14 @@ class Reconciler:
         released until the server shows the pod at another version (the patch tests the one
         it was decided on, so it can no longer land) or gone."""
         s = self.s
+        unsettled = 0
         for uid, u in [(uid, u) for uid, u in s.uncertain.items() if u.key == key]:
             if await self._fence(key, rt, uid, u):
                 s.uncertain.pop(uid, None)
+            else:
+                unsettled += 1
+        if unsettled:  # still in flight; decide on that, and come back to settle it
+            s.queue.add_after(key, 1.0)
 
     async def _fence(self, key: OwnerKey, rt: KindRuntime, uid: str, u: Uncertain) -> bool:
         """True once the release sent as ``u`` can never land (and, if it did, it is counted)."""
