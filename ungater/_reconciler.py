@@ -44,6 +44,10 @@ __all__ = ["Changed", "Reconciler"]
 log = logging.getLogger("ungater.controller")  # the controller's voice, as before the split
 
 
+#: How soon an owner comes back when one of its unanswered releases could not be settled.
+UNSETTLED_RETRY_SECONDS = 1.0
+
+
 class Changed(Exception):
     """Pods changed under our patches (gone, or our guarded patch refused): retry later."""
 
@@ -344,14 +348,18 @@ class Reconciler:
                 s.uncertain.pop(uid, None)
             else:
                 unsettled += 1
-        if unsettled:  # still in flight; decide on that, and come back to settle it
-            s.queue.add_after(key, 1.0)
+        if unsettled:  # still in flight: decide on that, and come back to settle it
+            s.queue.add_after(key, UNSETTLED_RETRY_SECONDS)
 
     async def _fence(self, key: OwnerKey, rt: KindRuntime, uid: str, u: Uncertain) -> bool:
         """True once the release sent as ``u`` can never land (and, if it did, it is counted)."""
         s = self.s
         for _ in range(3):  # each round either settles or saw the pod change meanwhile
-            obj = await s.client.get(PODS, u.namespace, u.name)
+            try:
+                obj = await s.client.get(PODS, u.namespace, u.name)
+            except (ApiError, OSError, TimeoutError) as exc:
+                log.warning("pod %s/%s: cannot settle a release yet: %r", u.namespace, u.name, exc)
+                return False
             if obj is None or (obj.get("metadata") or {}).get("uid") != uid:
                 return True  # gone (a pod of the same name is not at the tested version)
             view = parse_pod(obj)
@@ -374,7 +382,11 @@ class Reconciler:
                     return True
                 if exc.status in (409, 422):
                     continue  # it changed under the fence: look again
-                raise
+                log.warning("pod %s/%s: the fence was refused: %s", u.namespace, u.name, exc)
+                return False  # refused or failed: the release stays in flight
+            except (OSError, TimeoutError) as exc:
+                log.warning("pod %s/%s: the fence failed: %r", u.namespace, u.name, exc)
+                return False
             s.stats.fences += 1
             log.info("pod %s/%s: an unanswered release can no longer land", u.namespace, u.name)
             return True
