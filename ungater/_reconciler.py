@@ -94,7 +94,7 @@ class Reconciler:
             # of its slice: the owner may have shrunk first (scale-down), and Kueue lowers a
             # shrunk owner's slice in place after its pods went; and a new leader's caches may
             # lag what the last one did. Release nothing until fresh reads say how it is.
-            unproven = s.proven is not None and key not in s.proven
+            unproven = self._unproven(key)
             stale_owner = self._owner_may_be_stale(key, rt, owner) or (
                 unproven and self._owner_readable(rt)
             )
@@ -218,6 +218,19 @@ class Reconciler:
         if rt.handler.spec.owner_resource is None:
             return False
         return self.s.owner_rv.get(owner.uid, -1) < freed
+
+    def _unproven(self, key: OwnerKey) -> bool:
+        """Whether this term has yet to show that the caches hold what the last leader did,
+        for this owner: by a quorum read that matched them, or by every cache having seen
+        past the Lease write that began the term (then no owner needs a read any more)."""
+        s = self.s
+        if s.proven is None or key in s.proven:
+            return False
+        seen = [resource_version_number(v) for v in s.cache_versions()]
+        if s.term_rv and seen and all(v is not None and v >= s.term_rv for v in seen):
+            s.proven = None
+            return False
+        return True
 
     @staticmethod
     def _owner_readable(rt: KindRuntime) -> bool:

@@ -153,6 +153,14 @@ async def test_a_new_leader_on_a_lagging_cache_does_not_release_past_the_old_lea
         # the old leader's release is not someone else's
         assert standby.stats.foreign_releases == 0
         assert wl["metadata"]["name"] in str(standby.decisions[key].active_slice)
+        reads = standby.stats.proof_reads
+        assert reads >= 1
+        # once every cache has seen past the term's start, no owner needs a proof any more
+        other = fake.put(JOBS, job("eval", parallelism=1, completions=1))
+        fake.put(PODS, job_pod(other, index=0, created=3))
+        fake.put(WORKLOADS, workload(other, {"main": 1}, admitted={"main": 1}))
+        await eventually(lambda: live_released(fake) == 2, what="the second Job's pod")
+        assert standby.stats.proof_reads == reads
 
 
 # -- 2. a patch that lands after the client gave up ----------------------------------------------
