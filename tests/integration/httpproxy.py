@@ -89,6 +89,7 @@ class Held:
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
     answered: asyncio.Event = field(default_factory=asyncio.Event)
     released: asyncio.Event = field(default_factory=asyncio.Event)
+    target: str = ""  # the name of the object the request was for, once it arrived
     body: bytes = b""  # the request's body, once it arrived
     status: int = 0  # the API server's status, once answered
     answer: bytes = b""
@@ -206,7 +207,7 @@ class HttpProxy:
         before = self._take(self._before, request.method, resource, name)
         held = before or self._take(self._after, request.method, resource, name)
         if held is not None:
-            held.body = body
+            held.target, held.body = name, body
             held.arrived.set()
             # its own task, so that the write goes on whatever becomes of the client
             task = asyncio.ensure_future(self._held(request, seen, body, held, held is before))
