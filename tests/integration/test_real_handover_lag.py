@@ -61,7 +61,6 @@ async def test_a_standby_whose_pod_watch_lags_takes_over_without_releasing_past_
     kube: Kube, kube_namespace: str, control_plane: Any, tmp_path: Path
 ) -> None:
     ns = kube_namespace
-    started = time.monotonic()
     job, sel = await make_job(kube, ns, "handover", 2)
     job_uid = job["metadata"]["uid"]
     await create_workload(kube, job, "job-handover-a", {"main": 2})
@@ -75,14 +74,20 @@ async def test_a_standby_whose_pod_watch_lags_takes_over_without_releasing_past_
         try:
             kubeconfig = control_plane.kubeconfig_path
             a = Replica(
-                "replica-a", kubeconfig_via(kubeconfig, via_a.port, tmp_path / "a"), ns, tmp_path
+                "replica-a",
+                kubeconfig_via(kubeconfig, via_a.port, tmp_path / "a.kubeconfig"),
+                ns,
+                tmp_path,
             )
             replicas.append(a)
             await eventually(
                 lambda: equals(holder(kube, ns), a.name), timeout=30, what="replica-a leads"
             )
             b = Replica(
-                "replica-b", kubeconfig_via(kubeconfig, via_b.port, tmp_path / "b"), ns, tmp_path
+                "replica-b",
+                kubeconfig_via(kubeconfig, via_b.port, tmp_path / "b.kubeconfig"),
+                ns,
+                tmp_path,
             )
             replicas.append(b)
             await eventually(
@@ -135,6 +140,7 @@ async def test_a_standby_whose_pod_watch_lags_takes_over_without_releasing_past_
                 what="the new leader's quorum read of the Job's pods",
             )
             assert not mon.violations, mon.violations
+            assert set(quorum_lists(via_b, job_uid, killed)) <= {0, 200}
             await holds_for(
                 lambda: not mon.violations and len(mon.released()) == 1,
                 1.0,
@@ -161,5 +167,3 @@ async def test_a_standby_whose_pod_watch_lags_takes_over_without_releasing_past_
         finally:
             for r in replicas:
                 await anyio.to_thread.run_sync(lambda r=r: r.stop(signal.SIGKILL, 10))
-    took = time.monotonic() - started
-    assert took < 60, f"took {took:.1f}s"

@@ -23,7 +23,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -107,7 +106,6 @@ async def test_a_release_patch_held_past_the_client_timeout_cannot_land_after_an
         f"client: {{requestTimeoutSeconds: {CLIENT_TIMEOUT_S}}}\n"
         f"expectationsTimeoutSeconds: {EXPECTATIONS_S}\n"
     )
-    started = time.monotonic()
     async with http_proxy(control_plane) as proxy, monitoring(kube, ns, sel, cap=1) as mon:
         via = kubeconfig_via(control_plane.kubeconfig_path, proxy.port, tmp_path / "via.kubeconfig")
         ungater = Ungater(via, config, tmp_path)
@@ -122,7 +120,6 @@ async def test_a_release_patch_held_past_the_client_timeout_cannot_land_after_an
             await admit(kube, ns, "job-late-a", {"main": 1})
             with anyio.fail_after(20):
                 await held.arrived.wait()
-            sent = time.monotonic()
             # the replacement pod 0 comes, and the controller's pod watch shows it, while the
             # PATCH of pod 1 is still unanswered (a positive signal that it decided on it)
             new_first = await eventually(
@@ -134,7 +131,6 @@ async def test_a_release_patch_held_past_the_client_timeout_cannot_land_after_an
                 timeout=10,
                 what="the controller's pod watch showed the new pod 0",
             )
-            print(f"replacement seen {time.monotonic() - sent:.1f}s after the held PATCH")
             assert ungater.patches("error") == 0, "the replacement came after the client timeout"
             await eventually(
                 lambda: ungater.patches("error") >= 1,
@@ -173,8 +169,6 @@ async def test_a_release_patch_held_past_the_client_timeout_cannot_land_after_an
         finally:
             code = await anyio.to_thread.run_sync(ungater.stop)
         assert code == 0, ungater.text()[-3000:]
-    took = time.monotonic() - started
-    assert took < 60, f"took {took:.1f}s"
 
 
 async def gone(kube: Kube, ns: str, name: str) -> bool:
