@@ -172,14 +172,11 @@ class EventHandlers:
                 and old.has_gate(gate)
                 and not new.has_gate(gate)
                 and pod.uid not in s.ours
+                and pod.uid not in s.gone  # a lagging watch replaying a gone pod's past
             ):
                 self.notices.foreign_release(new, rt)
             if new is None and not any(pod.uid in k.pods.by_uid for k in s.kinds.values()):
-                s.ours.discard(pod.uid)  # no view holds it any more
-                s.written.pop(pod.uid, None)
-                s.foreign_seen.discard(pod.uid)
-                s.uncertain.pop(pod.uid, None)  # a release patch cannot land on a pod gone
-                s.releasable.pod_gone(pod.uid)
+                s.forget_pod(pod.uid)  # no view holds it any more
             if old is not None and new is not None and not _relevant_change(old, new):
                 return
             ctrl = pod.controller

@@ -181,6 +181,12 @@ class Reconciler:
         facts, desired, unknown = self._inputs(key, rt, owner, fresh_pods)
         pods = [f.pod for f in facts]
         s = self.s
+        blocked = s.blocked.waiting(p.uid for p in pods)
+        retry = s.blocked.next_retry(blocked)
+        if retry is not None:
+            # a refused pod is tried again when its backoff runs out, whatever earlier wake-up
+            # of this owner consumed the one the refusal set
+            s.queue.add_after(key, max(retry, 0.01))
         return decide(
             slices,
             facts,
@@ -188,7 +194,7 @@ class Reconciler:
             s.expectations.pending(key) | self._behind_our_writes(pods) | frozenset(s.uncertain),
             apply_pod_set_updates=s.config.apply_pod_set_updates,
             desired=desired,
-            blocked=s.blocked.waiting(p.uid for p in pods),
+            blocked=blocked,
             size_unknown=unknown,
         )
 

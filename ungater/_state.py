@@ -102,6 +102,10 @@ class Stats:
     skipped_kinds: list[str] = field(default_factory=list)
 
 
+#: How many deleted pods ``State.gone`` remembers: far more than a lagging watch replays.
+GONE_REMEMBERED = 4096
+
+
 def resource_version_number(resource_version: str) -> int | None:
     """An etcd-backed API server's resourceVersions are increasing integers across all
     resources; anything else cannot be ordered."""
@@ -147,6 +151,10 @@ class State:
         # has not seen our write, whatever watch it came from, and must not be decided on
         self.written: dict[str, int] = {}
         self.foreign_seen: set[str] = set()  # pods already reported released by another
+        # pods seen deleted lately (bounded, oldest first out): a watch that lags may still
+        # replay one's history, and a gate removal in it is old news, not a foreign release
+        # (what we had released of it was forgotten when it went)
+        self.gone: dict[str, None] = {}
         # pod UID -> a release patch whose outcome is unknown: in flight until proven otherwise
         self.uncertain: dict[str, Uncertain] = {}
         # leadership: the resourceVersion at which this term began (a release older than it
@@ -169,6 +177,18 @@ class State:
         )
         self.fatal_error = ""  # set when the process must end (standDown.action: exit)
         self.stop: anyio.Event | None = None  # the manager's stop, once it runs
+
+    def forget_pod(self, uid: str) -> None:
+        """A pod no view holds any more: drop what we kept about it, remember that it went."""
+        self.ours.discard(uid)
+        self.written.pop(uid, None)
+        self.foreign_seen.discard(uid)
+        self.uncertain.pop(uid, None)  # a release patch cannot land on a pod gone
+        self.releasable.pod_gone(uid)
+        self.gone.pop(uid, None)
+        self.gone[uid] = None
+        if len(self.gone) > GONE_REMEMBERED:
+            del self.gone[next(iter(self.gone))]
 
     def describe(self, key: OwnerKey) -> str:
         """The owner as a person reads it, ``Job.batch team-a/train``, for log lines (a UID

@@ -33,7 +33,7 @@ from ungater._handlers import _admission_changed
 from ungater._kube import PODS, Resource
 from ungater._model import parse_object, parse_pod, parse_workload
 from ungater._registry import PluginRegistry
-from ungater._state import KindRuntime
+from ungater._state import GONE_REMEMBERED, KindRuntime
 from ungater.plugin_api import KindSpec, ResourceSpec, hookimpl
 
 pytestmark = pytest.mark.anyio
@@ -465,6 +465,43 @@ async def test_a_pod_is_forgotten_only_when_no_kinds_view_holds_it_any_more() ->
     ctl.handlers.pod_handler(job_rt)(view, None)
     assert uid not in s.ours and uid not in s.written and uid not in s.foreign_seen
     assert s.releasable.waited(key, uid) is None
+
+
+async def test_a_lagging_watch_replaying_a_gone_pods_release_is_no_foreign_release() -> None:
+    """Our release of a pod, seen by one kind's watch, and the pod's deletion too, before
+    another kind's lagging watch even showed the pod: what we kept of the pod went with it.
+    That watch then replays the pod's past, gated and then released: old news of a pod that
+    is gone, not a release by someone else. A pod never seen gone still reports one."""
+    ctl = controller()
+    job_rt, jobset_rt = runtime(ctl, "Job"), runtime(ctl, "JobSet")
+    owner = job("train")
+    admitted(ctl, owner, "main", 2)
+    gated = job_pod(owner, index=0)
+    uid = gated["metadata"]["uid"]
+    s = ctl.state
+    ctl.handlers.pod_handler(job_rt)(None, parse_pod(gated))
+    s.ours.add(uid)
+    ctl.handlers.pod_handler(job_rt)(parse_pod(gated), parse_pod(release(gated)))
+    ctl.handlers.pod_handler(job_rt)(parse_pod(release(gated)), None)  # gone from every view
+    assert uid not in s.ours and uid in s.gone
+    ctl.handlers.pod_handler(jobset_rt)(None, parse_pod(gated))  # the lagging watch's replay
+    ctl.handlers.pod_handler(jobset_rt)(parse_pod(gated), parse_pod(release(gated)))
+    assert s.stats.foreign_releases == 0
+    other = job_pod(owner, index=1)
+    ctl.handlers.pod_handler(job_rt)(None, parse_pod(other))
+    ctl.handlers.pod_handler(job_rt)(parse_pod(other), parse_pod(release(other)))
+    assert s.stats.foreign_releases == 1  # the check itself is live
+
+
+def test_the_gone_pods_remembered_are_bounded_oldest_first_out() -> None:
+    s = controller().state
+    for i in range(GONE_REMEMBERED + 2):
+        s.forget_pod(f"uid-{i}")
+    assert len(s.gone) == GONE_REMEMBERED
+    assert "uid-0" not in s.gone and "uid-1" not in s.gone and "uid-2" in s.gone
+    s.forget_pod("uid-2")  # seen gone again: now the newest
+    s.forget_pod("uid-x")
+    assert "uid-2" in s.gone and "uid-3" not in s.gone
 
 
 def _with_rv(raw: dict[str, Any], rv: int) -> dict[str, Any]:

@@ -327,3 +327,40 @@ def test_refused_and_stale_pods_wait_and_the_cap_holds(
     ]
     expected = waiting[: max(0, cap - len(released))]  # the first in order, up to the cap
     assert d.released_names == [f"p{i}" for i in expected]
+
+
+@pytest.mark.anyio
+async def test_a_refused_pod_is_tried_again_when_its_backoff_ends_despite_an_earlier_wake_up() -> (
+    None
+):
+    """Pod 0's release is refused (it backs off 0.5 s) while pod 1's fails with a 500 in the
+    same wave: the failure brings the owner back sooner, which the work queue keeps instead of
+    the refusal's later wake-up. That sooner reconcile must set the refused pod's retry again,
+    or nothing ever tries pod 0 once more."""
+    fake = FakeKube()
+    train = setup_job(fake, 2, "train")
+    first = {"train-0-x000": ApiError(403, 'admission webhook "deny.example" denied: not yet')}
+    errors = {"train-1-x001": ApiError(500, "Internal Server Error")}
+
+    def script(ns: str, name: str) -> None:
+        for table in (first, errors):
+            if name in table:
+                raise table.pop(name)
+
+    fake.before_patch = script
+    cfg = make_config().model_copy(
+        update={
+            "release_blocked": make_config().release_blocked.model_copy(
+                update={"initial_backoff_seconds": 0.5}
+            )
+        }
+    )
+    async with observed_controller(fake, cfg) as ctl:
+        fake.put(WORKLOADS, workload(train, "train-a", count=2, admitted=2))
+        await eventually(lambda: released(fake, "train") == ["train-1-x001"], what="pod 1")
+        assert ctl.stats.patch_blocked == 1
+        await eventually(
+            lambda: released(fake, "train") == ["train-0-x000", "train-1-x001"],
+            timeout=3,
+            what="pod 0 tried again after its backoff",
+        )
