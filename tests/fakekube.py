@@ -403,6 +403,7 @@ class FakeKube:
         self._watches: list[_Watch] = []
         self._clock = itertools.count(1)
         self.rng = random.Random(seed)
+        self._ids = random.Random(seed)  # UIDs and generated names: a seed replays them too
         self.max_delay = max_delay
         self.lag: Mapping[str, float] = dict(lag or {})
         self.bookmark_interval = bookmark_interval
@@ -512,7 +513,7 @@ class FakeKube:
         key = (*self._rkey(resource), ns, meta["name"])
         old = self.objects.get(key)
         if old is None:
-            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("uid", str(uuid.UUID(int=self._ids.getrandbits(128), version=4)))
             meta.setdefault("creationTimestamp", self._stamp())
             meta.pop("deletionTimestamp", None)  # only a delete marks an object terminating
         else:
@@ -870,7 +871,7 @@ class FakeKube:
         meta = body.setdefault("metadata", {})
         meta.setdefault("namespace", namespace or "")
         if not meta.get("name"):
-            meta["name"] = f"{meta.get('generateName', 'obj-')}{uuid.uuid4().hex[:5]}"
+            meta["name"] = f"{meta.get('generateName', 'obj-')}{self._ids.getrandbits(20):05x}"
         ns = meta["namespace"] if resource.namespaced else ""
         if (*self._rkey(resource), ns, meta["name"]) in self.objects:
             raise ApiError(
