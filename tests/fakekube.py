@@ -329,6 +329,7 @@ class LatePatch:
     ops: list[dict[str, Any]]
     client: str
     sent_at: float
+    sent_rv: int
     deadline: float | None = None  # the server's own request deadline, when the client sent one
     state: str = "pending"
 
@@ -346,7 +347,7 @@ class LatePatch:
                 self.name,
                 self.ops,
                 f"late:{self.client}",
-                self.sent_at,
+                (self.sent_at, self.sent_rv),
             )
         except ApiError:
             self.state = "failed"
@@ -365,7 +366,8 @@ class Committed:
     """One write the server committed, as ``FakeKube.observers`` see it. ``by``: "put" (a
     test's own write, standing in for other controllers), "delete", "patch:<client>",
     "late:<client>" (a patch committed after its client was told it failed), "foreign" or
-    "merge:<client>"; ``sent_at``: when a patch's request arrived (None for other writes)."""
+    "merge"; ``sent_at``, ``sent_rv``: when a patch's request arrived, and the newest
+    resourceVersion then (every write up to it came first); None for other writes."""
 
     rv: int
     plural: str
@@ -374,6 +376,7 @@ class Committed:
     old: dict[str, Any] | None
     by: str
     sent_at: float | None = None
+    sent_rv: int | None = None
 
 
 class FakeKube:
@@ -493,11 +496,12 @@ class FakeKube:
         obj: dict[str, Any],
         old: dict[str, Any] | None,
         by: str,
-        sent_at: float | None,
+        sent: tuple[float, int] | None,
     ) -> None:
         plural = resource[1] if isinstance(resource, tuple) else resource.plural
+        at, rv = sent if sent is not None else (None, None)
         for observer in list(self.observers):
-            observer(Committed(self.rv, plural, etype, obj, old, by, sent_at))
+            observer(Committed(self.rv, plural, etype, obj, old, by, at, rv))
 
     def _write(
         self,
@@ -505,7 +509,7 @@ class FakeKube:
         obj: dict[str, Any],
         validate: bool,
         by: str = "put",
-        sent_at: float | None = None,
+        sent: tuple[float, int] | None = None,
     ) -> dict[str, Any]:
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
@@ -534,12 +538,12 @@ class FakeKube:
             # the last finalizer went: the object goes with it
             self.objects.pop(key, None)
             self._emit(key[:2], ns, "DELETED", obj)
-            self._observe(resource, "DELETED", copy.deepcopy(obj), old, by, sent_at)
+            self._observe(resource, "DELETED", copy.deepcopy(obj), old, by, sent)
             return copy.deepcopy(obj)
         self.objects[key] = obj
         etype = "ADDED" if old is None else "MODIFIED"
         self._emit(key[:2], ns, etype, obj, old)
-        self._observe(resource, etype, copy.deepcopy(obj), old, by, sent_at)
+        self._observe(resource, etype, copy.deepcopy(obj), old, by, sent)
         return copy.deepcopy(obj)
 
     def read(self, resource: Resource, ns: str, name: str) -> dict[str, Any] | None:
@@ -816,13 +820,13 @@ class FakeKube:
             if asyncio.iscoroutine(result):
                 await result
         await anyio.lowlevel.checkpoint()
-        ns, sent_at = namespace or "", _now()
+        ns, sent = namespace or "", (_now(), self.rv)
         fault = self._fault_for(resource, ns, name, client)
         if fault is None:
-            return self._commit_patch(resource, ns, name, ops, f"patch:{client}", sent_at)
+            return self._commit_patch(resource, ns, name, ops, f"patch:{client}", sent)
         if fault.lands_after is not None or fault.held:
-            deadline = None if server_timeout is None else sent_at + server_timeout
-            late = LatePatch(self, resource, ns, name, ops, client, sent_at, deadline)
+            deadline = None if server_timeout is None else sent[0] + server_timeout
+            late = LatePatch(self, resource, ns, name, ops, client, *sent, deadline)
             self.late_patches.append(late)
             if fault.lands_after is not None and fault.lands_after <= 0:
                 late.land()  # committed; only the answer is lost
@@ -853,13 +857,13 @@ class FakeKube:
         name: str,
         ops: list[dict[str, Any]],
         by: str,
-        sent_at: float | None,
+        sent: tuple[float, int] | None,
     ) -> dict[str, Any]:
         obj = self.objects.get((*self._rkey(resource), namespace, name))
         if obj is None:
             raise ApiError(404, "not found")
         patched = apply_json_patch(obj, ops)
-        out = self._write(resource, patched, validate=True, by=by, sent_at=sent_at)
+        out = self._write(resource, patched, validate=True, by=by, sent=sent)
         self.patches.append((namespace, name, ops))
         return out
 

@@ -61,20 +61,17 @@ from ungater._registry import PluginRegistry
 JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
 COMPLETIONS = 20
 MAX_SIZE = 7
-# CI runs the first 12; `make world SEEDS=200` runs more (WORLD_SEEDS)
-SEEDS = range(int(os.environ.get("WORLD_SEEDS", "12")))
+# CI runs the first 30 (~20 s); `make world SEEDS=200` runs more (WORLD_SEEDS)
+SEEDS = range(int(os.environ.get("WORLD_SEEDS", "30")))
 STEPS = 80
 VICTIMS_AFTER = 0.25  # s from a shrink to the owner controller's first deletion
-# s: a request that reached the server this long after the bound went down was decided after
-# it. Virtual time does not pass between a decision and its request, except while a patch
-# waits for a free slot of the patcher's concurrency.
-GRACE = 0.001
 LAG = 0.6  # s: one watch stream of one replica of each world is this much behind the others
-# s: how late an owner's shrink may reach a replica's owner watch (the slow stream, the
-# per-event delay, a reconnect's backoff): a release decided on the owner's size as the
-# controller saw it is not held against it for this long. Kueue's writes (a slice lowered in
-# place, finished) get no such allowance: the controller must fence on them.
-OWNER_SEEN = LAG + 0.03 + 0.05
+# s: how late an owner's shrink may reach a replica's owner watch (the per-event delay, a
+# reconnect's backoff; plus LAG on the replica whose owner stream is the slow one): a release
+# decided on the owner's size as that replica saw it is not held against it for this long.
+# Kueue's writes (a slice lowered in place, finished) get no such allowance: the controller
+# must fence on them.
+OWNER_SEEN = 0.03 + 0.05
 FOREIGN_WINDOW = 2.5  # s: the other releaser's writes may not be seen by a slow stream for this
 CONVERGE = 20.0  # virtual s for the quiet world to be released exactly to its bounds
 LEASE = (1.0, 0.8, 0.1)  # s: lease duration, renew deadline, retry period (a crash costs 1 s)
@@ -113,9 +110,10 @@ class Owner:
     cap: int = 0  # min(spec, admitted) of the active slice; 0 while there is none
     serial: int = 0
     shrunk_at: float = float("-inf")
-    lowered_at: float = float("-inf")  # the last write that lowered the bound
     allowed: int = 0  # excess over the bound left by the world's own writes (only shrinks)
     foreign: list[float] = field(default_factory=list)  # when the other releaser released
+    # (resourceVersion of the write, time, cap, size) after every change of cap or size
+    bounds: list[tuple[int, float, int, int]] = field(default_factory=list)
 
     @property
     def uid(self) -> str:
@@ -124,6 +122,21 @@ class Owner:
     @property
     def bound(self) -> int:
         return min(self.cap, self.size)
+
+    def believable(self, sent_rv: int, sent_at: float, seen: float = OWNER_SEEN) -> int:
+        """The highest bound a releaser could hold when its request reached the server: the
+        cap as of that moment (every write up to ``sent_rv`` came first; Kueue's writes get no
+        allowance), and the largest size the owner had within ``seen`` seconds before it."""
+        cap, sizes = 0, []
+        for rv, t, c, size in self.bounds:  # in order of the writes
+            if rv > sent_rv:
+                break
+            cap = c
+            if t <= sent_at - seen:
+                sizes = [size]  # the size at the start of the window
+            else:
+                sizes.append(size)
+        return min(cap, max(sizes, default=0))
 
 
 def gated(pod: dict[str, Any]) -> bool:
@@ -154,7 +167,14 @@ class World:
         self.log: list[str] = []
         self.checks = 0
         self.foreign_pods: set[str] = set()  # released by the other releaser
+        self.slow: tuple[str, str] = ("", "")  # the slow stream: (plural, client)
         fake.observers.append(self.audit)
+
+    def owner_seen(self, by: str) -> float:
+        """How long an owner's shrink may take to reach the replica that wrote ``by``."""
+        plural, client = self.slow
+        slow = plural in ("jobs", "jobsets") and by.partition(":")[2] == client
+        return OWNER_SEEN + (LAG if slow else 0.0)
 
     # -- reading the truth ---------------------------------------------------------------------
 
@@ -189,30 +209,32 @@ class World:
             if not (ours and released and owner_uid(c.obj) == o.uid):
                 o.allowed = excess  # the world lowered the bound under released pods
                 continue
-            if c.sent_at is not None and (
-                c.sent_at <= o.lowered_at + GRACE or c.sent_at <= o.shrunk_at + OWNER_SEEN
-            ):
-                o.allowed = excess  # sent before the bound went down, or before it could know
-                continue
             recent = sum(1 for f in o.foreign if t - f <= FOREIGN_WINDOW)
-            if excess <= o.allowed + recent:
+            n = excess + o.bound
+            sent = (c.sent_rv or 0, c.sent_at or 0.0)  # always set on a patch's commit
+            if n <= o.believable(*sent, self.owner_seen(c.by)) + recent:
+                o.allowed = excess  # within what it could know when it sent the request
                 continue
             self.violations.append(
                 f"t={t:.3f} rv={c.rv}: {c.by} released {c.obj['metadata']['name']} "
                 f"(sent at {c.sent_at:.3f}): {o.kind} {o.obj['metadata']['name']} has "
-                f"{excess + o.bound} released live pods, bound {o.bound} (cap {o.cap}, size "
-                f"{o.size}), lowered at {o.lowered_at:.3f}, shrunk at {o.shrunk_at:.3f}; history: {self.log[-8:]}"
+                f"{n} released live pods, bound {o.bound} (cap {o.cap}, size {o.size}); could "
+                f"know {o.believable(*sent, self.owner_seen(c.by))}; lags "
+                f"{[(x.plural, x.client, x.selector, x.delay) for x in self.fake._lags]}; bounds "
+                f"{[(rv, round(bt, 3), bc, bs) for rv, bt, bc, bs in o.bounds[-4:]]}; history: {self.log[-12:]}"
             )
             o.allowed = excess  # one report per breach
 
-    def lowered(self, o: Owner) -> None:
-        o.lowered_at = now()
+    def record(self, o: Owner, rv: int | None = None) -> None:
+        """Note a change of ``o``'s cap or size, made visible by the next write (or ``rv``)."""
+        o.bounds.append((self.fake.rv + 1 if rv is None else rv, now(), o.cap, o.size))
 
     # -- the owners' controllers ------------------------------------------------------------
 
     def add_job(self, name: str, size: int) -> Owner:
         j = self.fake.put(JOBS, job(name, parallelism=size, completions=COMPLETIONS))
         o = Owner("job", j, j, "main", size)
+        self.record(o, self.fake.rv)
         self.owners.append(o)
         self.sync_pods(o)
         return o
@@ -228,14 +250,16 @@ class World:
         child["spec"]["completions"] = COMPLETIONS
         child = self.fake.put(JOBS, child)
         o = Owner("jobset", js, child, "workers", size)
+        self.record(o, self.fake.rv)
         self.owners.append(o)
         self.sync_pods(o)
         return o
 
     def resize(self, o: Owner, size: int) -> None:
         if size < o.size:
-            o.shrunk_at = now()  # before the write: the audit of that write sees it
+            o.shrunk_at = now()
         o.size = size
+        self.record(o)  # before the write: the audit of that write sees it
         if o.kind == "job":
             o.obj["spec"]["parallelism"] = size
             o.obj = o.pod_job = self.fake.put(JOBS, o.obj)
@@ -296,7 +320,7 @@ class World:
             if active is not None and pending.replaces is not None:
                 active.finished = True  # a few ms before the new one is admitted
                 o.cap = 0  # no active slice: nothing may be newly released
-                self.lowered(o)
+                self.record(o)
                 self.write_slice(o, active)
                 return "finish old slice"
             first = pending.replaces is None
@@ -304,6 +328,7 @@ class World:
             if not first:
                 pending.admitted = pending.spec  # a replacement is admitted whole
             o.cap = min(pending.spec, pending.admitted)
+            self.record(o)
             self.write_slice(o, pending)
             return f"admit {pending.admitted} of {pending.spec}"
         if active is None:
@@ -318,7 +343,7 @@ class World:
             # only once the owner's controller has deleted its extra pods
             active.spec = o.size  # status.admission keeps the old count
             o.cap = min(active.spec, active.admitted or 0)
-            self.lowered(o)
+            self.record(o)
             self.write_slice(o, active)
             return f"lower in place to {o.size}"
         return "idle"
@@ -409,8 +434,8 @@ class Faults:
             landing = self.rng.random()
             if landing < 0.35:
                 return PatchFault.timed_out(answer, self.rng.uniform(0, answer), status=status)
-            if landing < 0.8:  # after the client gave up
-                lands = answer + self.rng.uniform(0.01, 2.0)
+            if landing < 0.8:  # after the client gave up, maybe after its expectation expired
+                lands = answer + self.rng.uniform(0.01, 4.0)
                 return PatchFault.timed_out(answer, lands, status=status)
             return PatchFault.timed_out(answer, None, status=status)  # never
         return None
@@ -427,19 +452,27 @@ class Faults:
             self.fake.stall_watches("pods")
             return "stall pod watches"
         if fault < 0.8:
-            return self.hold_one_pod_watch()
-        return self.cluster.change_leader()
+            return self.hold_one_watch()
+        return self.cluster.change_leader(self)
 
-    def hold_one_pod_watch(self) -> str:
-        """One replica's pod watch of one kind goes silent for a while (its other streams and
-        the other replicas' flow): two pod watches of the same pods disagree."""
+    def hold_one_watch(self) -> str:
+        """One replica's pod watch of one kind (or its Workload watch) goes silent for a while,
+        its other streams and the other replicas' flowing: two watches of the same objects
+        disagree."""
         replica = self.rng.choice(self.cluster.replicas)
-        selector = self.rng.choice(["batch.kubernetes.io/controller-uid", "jobset", ""])
-        lag = self.fake.lag_watches("pods", client=replica.name, selector=selector)
-        seconds = self.rng.uniform(0.2, 2.5)
+        if self.rng.random() < 0.75:
+            plural = "pods"
+            selector = self.rng.choice(["batch.kubernetes.io/controller-uid", "jobset", ""])
+        else:
+            plural, selector = "workloads", ""
+        seconds = self.hold(plural, replica.name, selector, self.rng.uniform(0.2, 2.5))
+        return f"hold {plural} watch of {replica.name} ({selector or 'all'}) for {seconds:.2f}s"
+
+    def hold(self, plural: str, client: str, selector: str, seconds: float) -> float:
+        lag = self.fake.lag_watches(plural, client=client, selector=selector)
         asyncio.get_running_loop().call_later(seconds, lag.release)
         self.held.append(lag)
-        return f"hold pods watch of {replica.name} ({selector or 'all'}) for {seconds:.2f}s"
+        return seconds
 
     def quiet(self) -> None:
         self.on = False
@@ -509,6 +542,7 @@ class Cluster:
         self.replicas: list[Replica] = []
         self.all: list[Replica] = []
         self.changes = 0
+        self.due: float | None = None  # when a planned leader change happens
 
     async def add(self) -> Replica:
         r = Replica(self.fake, f"r{len(self.all)}")
@@ -519,9 +553,31 @@ class Cluster:
             await r.ctl.ready.wait()
         return r
 
-    def change_leader(self) -> str:
+    def change_leader(self, faults: Faults) -> str:
+        """The leader goes now; or (half the time) the standbys' pod watches fall silent now
+        and the leader goes while they still are (``due``), so the new leader takes over on a
+        pod view that missed the old leader's last releases and the pods created meanwhile."""
+        if self.due is not None or self.changes >= 3:
+            return "no leader change"
+        if self.rng.random() < 0.5:
+            seconds = self.rng.uniform(1.0, 3.0)
+            for r in self.replicas:
+                if not r.elector.is_leader:
+                    faults.hold("pods", r.name, "", seconds)
+            self.due = now() + self.rng.uniform(0.3, seconds - 0.2)
+            return f"standby pod watches silent for {seconds:.2f}s, leader goes at {self.due:.3f}"
+        return self.hand_over()
+
+    def tick(self) -> str | None:
+        """The leader change a silent standby was waiting for, once due."""
+        if self.due is None or now() < self.due:
+            return None
+        self.due = None
+        return self.hand_over()
+
+    def hand_over(self) -> str:
         leader = next((r for r in self.replicas if r.elector.is_leader), None)
-        if leader is None or self.changes >= 3:
+        if leader is None:
             return "no leader change"
         self.changes += 1
         self.replicas.remove(leader)
@@ -555,8 +611,9 @@ async def test_random_histories_never_exceed_the_cap_and_converge(seed: int) -> 
     # one stream of one replica is slow all along: an owner watch behind the pod watch is the
     # scale-down window, a pod watch behind the others' the double-view and refill windows
     slow = ["jobs", "pods", "jobsets", "jobs", "workloads", "jobs"][seed % 6]
-    fake.lag_watches(slow, client=rng.choice(["r0", "r1"]), delay=LAG)
     world = World(fake, rng)
+    world.slow = (slow, rng.choice(["r0", "r1"]))
+    fake.lag_watches(slow, client=world.slow[1], delay=LAG)
     owners = [world.add_job("train", rng.randint(2, 6)), world.add_jobset("llm", rng.randint(2, 6))]
     async with anyio.create_task_group() as tg:
         cluster = Cluster(fake, rng, tg)
@@ -567,6 +624,9 @@ async def test_random_histories_never_exceed_the_cap_and_converge(seed: int) -> 
             world.start(o)
         for _ in range(STEPS):
             world.log.append(f"{now():.3f} {world.step(faults)}")
+            change = cluster.tick()
+            if change is not None:
+                world.log.append(f"{now():.3f} {change}")
             await anyio.sleep(rng.uniform(0, 0.04))
         assert not world.violations, f"seed {seed}: {world.violations[0]}"
         # quiet world: no more faults; Kueue and the Job controllers catch up, then the

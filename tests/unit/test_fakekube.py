@@ -315,7 +315,7 @@ async def test_refused_and_errored_patches_are_never_committed() -> None:
     assert gates(fake, name) == [GATE] and not seen and not fake.patches
     await fake.json_patch(PODS, NS, name, RELEASE)  # a fault is used once
     assert gates(fake, name) == []
-    assert [(c.by, c.sent_at) for c in seen] == [("patch:", 60.0)]
+    assert [(c.by, c.sent_at, c.sent_rv) for c in seen] == [("patch:", 60.0, 1)]
 
 
 @VIRTUAL
@@ -333,7 +333,7 @@ async def test_a_timed_out_patch_lands_after_the_client_gave_up() -> None:
     assert gates(fake, name) == [GATE]  # the client gave up; the server has not written yet
     await anyio.sleep(1.0)
     assert gates(fake, name) == []
-    assert [(c.by, c.sent_at) for c in seen[1:]] == [("late:ctl", 0.0)]
+    assert [(c.by, c.sent_at, c.sent_rv) for c in seen[1:]] == [("late:ctl", 0.0, 1)]
     assert [p.state for p in fake.late_patches] == ["landed"]
 
 
