@@ -42,8 +42,8 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit examples/ungater-leaderworkerset/tests -q
 
 # The randomized whole-controller world (tests/unit/test_controller_properties.py) over many
-# seeds, on its virtual clock: make world SEEDS=200 (about 2 s a seed on two cores). `make test`
-# runs its first 12. PYTHONHASHSEED fixed: a failing seed replays the same run.
+# seeds, on its virtual clock: make world SEEDS=200 (under 1 s a seed on two cores). `make test`
+# runs its first 30. PYTHONHASHSEED fixed: a failing seed replays the same run.
 SEEDS ?= 200
 world: $(STAMP)
 	WORLD_SEEDS=$(SEEDS) PYTHONHASHSEED=0 $(BIN)/python -m pytest tests/unit/test_controller_properties.py -q
