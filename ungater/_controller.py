@@ -32,7 +32,7 @@ from ungater._patcher import Patcher
 from ungater._reconciler import Changed, Reconciler
 from ungater._reflector import Reflector
 from ungater._registry import PluginError, PluginRegistry
-from ungater._state import KindRuntime, State, Stats
+from ungater._state import KindRuntime, State, Stats, resource_version_number
 from ungater._workqueue import QueueShutDown
 
 __all__ = ["Controller", "StartupError"]
@@ -222,6 +222,10 @@ class Controller:
 
     async def _lead(self, term: LeaderTerm) -> None:
         log.info("leading (term %d): acting", term.number)
+        # the caches may lag what the previous leader did: each owner's first release of the
+        # term is decided on quorum reads, until one shows the cache current (reconciler.py)
+        self.state.term_rv = resource_version_number(term.resource_version) or 0
+        self.state.proven = set()
         try:
             await self._workers()
         finally:

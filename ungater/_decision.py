@@ -352,6 +352,7 @@ def decide(
     apply_pod_set_updates: bool = True,
     desired: Mapping[str, int] | None = None,
     blocked: Mapping[str, str] | None = None,
+    size_unknown: str = "",
 ) -> Decision:
     """Choose the pods to release now.
 
@@ -362,6 +363,8 @@ def decide(
     ``desired`` is the owner's own size per pod set (from its plugin); a pod set it does not
     name is bounded by the slice alone. ``blocked`` maps the UIDs of pods whose release the
     API server refused for good (and that are still backing off) to why: they stay gated.
+    ``size_unknown`` says why the owner's own size cannot be known: every pod set then caps
+    at 0, since a bound that cannot be read must not fall back to the slice alone.
     """
     flying = frozenset(in_flight)
     active = active_slice(slices)
@@ -373,6 +376,9 @@ def decide(
             unmapped=tuple(Waiting(f.pod.name, summary) for f in pods if f.pod.has_gate(gate)),
         )
     caps = pod_set_caps(active, desired)
+    if size_unknown:
+        problem = f"the owner's size is unknown: {size_unknown}"
+        caps = {name: _Cap(0, c.spec, c.admitted, problem) for name, c in caps.items()}
     by_set: dict[str, list[PodFacts]] = {name: [] for name in caps}
     unmapped: list[Waiting] = []
     for f in pods:

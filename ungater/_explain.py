@@ -30,7 +30,7 @@ from ungater._model import (
     parse_pod,
     parse_workload,
 )
-from ungater._registry import KindHandler, PluginRegistry
+from ungater._registry import KindHandler, PluginError, PluginRegistry
 
 __all__ = [
     "ExplainError",
@@ -74,6 +74,7 @@ class OwnerRead:
     facts: list[PodFacts]
     desired: Mapping[str, int] | None
     gate: str
+    size_unknown: str = ""  # why the owner's size cannot be read (the controller then holds all)
 
 
 async def read_owner(
@@ -102,6 +103,7 @@ async def read_owner(
                 spec.label_selector,
             )
             objects.update((o.uid, o) for o in map(parse_object, found))
+    unknown: list[str] = []  # why the owner's size cannot be read, as the controller says it
     via = handler.spec.select_via
     if via is not None:  # read with the plugin's facts: the owner's size lives there
         found, _ = await client.list_objects(
@@ -110,7 +112,10 @@ async def read_owner(
         for raw in found:
             o = parse_object(raw)
             if o.controller is not None and o.controller.uid == owner.uid:
-                objects[o.uid] = replace(o, facts=dict(handler.owner_facts(raw)))
+                try:
+                    objects[o.uid] = replace(o, facts=dict(handler.owner_facts(raw)))
+                except PluginError as exc:
+                    unknown.append(f"{o.kind} {o.name}: {exc}")
     vias = via_objects(handler, owner, objects.values())
     owner_facts: dict[str, Any] = {}
     owner_spec = handler.spec.owner_resource
@@ -120,7 +125,12 @@ async def read_owner(
         )
         owner_obj = await client.get(res_owner, namespace, owner.name)
         if owner_obj is not None and (owner_obj.get("metadata") or {}).get("uid") == owner.uid:
-            owner_facts = handler.owner_facts(owner_obj)
+            try:
+                owner_facts = handler.owner_facts(owner_obj)
+            except PluginError as exc:
+                unknown.append(str(exc))
+        else:
+            unknown.append(f"{owner.kind} {owner.name} was not found")
     pods = []
     for selector in pod_selectors(handler, owner, vias):
         raw_pods, _ = await client.list_objects(
@@ -138,6 +148,7 @@ async def read_owner(
         facts=pod_facts(handler, owner, pods, objects, facts_of_owner),
         desired=handler.desired_counts(facts_of_owner) if facts_of_owner else None,
         gate=config.gate_for(kc),
+        size_unknown="; ".join(unknown),
     )
 
 
@@ -189,6 +200,7 @@ async def explain(
         apply_pod_set_updates=config.apply_pod_set_updates,
         desired=read.desired,
         blocked=blocked,
+        size_unknown=read.size_unknown,
     )
     notes = []
     if config.require_elastic_annotation and not target.elastic:

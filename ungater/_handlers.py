@@ -113,6 +113,12 @@ class EventHandlers:
         if new is not None:
             if old is None or old.facts != new.facts:  # its size may have grown
                 s.releasable.room_made(OwnerKey(new.namespace, new.uid))
+            rv = resource_version_number(new.resource_version)
+            if old is not None and old.facts != new.facts and rv is not None:
+                # it may have shrunk: Kueue then lowers its slice in place, so a cached slice
+                # older than this change may count too high (the slice fence, reconciler.py)
+                key = OwnerKey(new.namespace, new.uid)
+                s.freed_rv[key] = max(rv, s.freed_rv.get(key, 0))
             s.keep_owner(new)
         elif old is not None:
             s.forget_owner(old)
@@ -160,6 +166,7 @@ class EventHandlers:
             if (
                 rt.mode == "release"
                 and s.leading()  # a standby sees the leader's releases: not foreign
+                and _after(pod, s.term_rv)  # nor is a release older than this term
                 and old is not None
                 and new is not None
                 and old.has_gate(gate)
@@ -171,17 +178,21 @@ class EventHandlers:
                 s.ours.discard(pod.uid)  # no view holds it any more
                 s.written.pop(pod.uid, None)
                 s.foreign_seen.discard(pod.uid)
+                s.uncertain.pop(pod.uid, None)  # a release patch cannot land on a pod gone
                 s.releasable.pod_gone(pod.uid)
             if old is not None and new is not None and not _relevant_change(old, new):
                 return
             ctrl = pod.controller
             keys = s.owners_of(pod.namespace, ctrl.uid if ctrl else None)
             freed = _released_live(old, gate) and not _released_live(new, gate)
+            # any pod that ends or goes, released or gated: the owner may have shrunk, and
+            # Kueue lowers a shrunk owner's slice in place once its pods are gone
+            left = _live(old) and not _live(new)
             rv = resource_version_number(pod.resource_version)
             for key in keys:
                 if freed:
                     s.releasable.room_made(key)
-                if freed and rv is not None:
+                if (freed or left) and rv is not None:
                     s.freed_rv[key] = max(rv, s.freed_rv.get(key, 0))
                 s.queue.add(key)
 
@@ -206,4 +217,14 @@ def _admission_changed(old: WorkloadView | None, new: WorkloadView) -> bool:
 
 
 def _released_live(pod: PodView | None, gate: str) -> bool:
-    return pod is not None and not pod.has_gate(gate) and not pod.terminal and not pod.deleting
+    return _live(pod) and pod is not None and not pod.has_gate(gate)
+
+
+def _live(pod: PodView | None) -> bool:
+    return pod is not None and not pod.terminal and not pod.deleting
+
+
+def _after(pod: PodView, resource_version: int) -> bool:
+    """Whether this view of the pod is newer than ``resource_version`` (yes if unknowable)."""
+    rv = resource_version_number(pod.resource_version)
+    return rv is None or rv > resource_version

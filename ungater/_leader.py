@@ -101,6 +101,10 @@ class LeaderTerm:
     number: int
     started_at: float  # on the elector's clock
     lost: anyio.Event
+    # the Lease's resourceVersion as this term's acquiring write left it: every write the
+    # previous leader's term made before that write is older (an etcd-backed API server
+    # orders all writes by one revision)
+    resource_version: str = ""
 
     @property
     def active(self) -> bool:
@@ -445,7 +449,7 @@ class LeaderElector:
 
     def _begin_term(self) -> LeaderTerm:
         self.stats.terms += 1
-        term = LeaderTerm(self.stats.terms, self._clock(), anyio.Event())
+        term = LeaderTerm(self.stats.terms, self._clock(), anyio.Event(), self._observed_rv)
         self._term = term
         log.info(
             "lease %s/%s acquired by %s (term %d)",

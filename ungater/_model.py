@@ -116,7 +116,8 @@ class ObjectView:
     """An intermediate owner (say a Job between a JobSet and its pods): identity and owners.
 
     ``facts``: what the plugin extracted from it when pods are selected through it (a RayJob's
-    RayCluster holds the size); ``resource_version``: which version of it those facts are."""
+    RayCluster holds the size); ``resource_version``: which version of it those facts are;
+    ``facts_error``: why the plugin could not extract them (the size is then unknown)."""
 
     api_version: str
     kind: str
@@ -127,6 +128,7 @@ class ObjectView:
     owner_refs: tuple[ObjectRef, ...]
     resource_version: str = ""
     facts: Mapping[str, Any] = field(default_factory=dict)
+    facts_error: str = ""
 
     @property
     def controller(self) -> ObjectRef | None:

@@ -4,6 +4,11 @@ One patch per pod, applied by the API server whole or not at all: it removes exa
 (guarded by a ``test`` of its name at its index, so a concurrent change fails the request
 instead of removing another controller's gate) and applies the pod set updates the decision
 attached, so a pod is never schedulable without them.
+
+Every release also tests the pod's ``resourceVersion`` as the decision saw it. A patch can be
+committed after its client gave up (a timeout, a 504); the test makes such a late write fail
+once the pod has changed in any way, and ``fence_patch`` is that change: written when an
+outcome is unknown, it settles for good whether the release can still land.
 """
 
 from __future__ import annotations
@@ -12,7 +17,10 @@ from typing import Any
 
 from ungater._decision import Release
 
-__all__ = ["release_patch"]
+__all__ = ["FENCE_ANNOTATION", "fence_patch", "release_patch"]
+
+#: Written by ``fence_patch``: its value is the resourceVersion whose late release it fences.
+FENCE_ANNOTATION = "ungater.dev/release-fence"
 
 
 def _pointer(key: str) -> str:
@@ -25,6 +33,7 @@ def release_patch(release: Release) -> list[dict[str, Any]]:
     instead of removing someone else's gate."""
     path = f"/spec/schedulingGates/{release.gate_index}"
     ops: list[dict[str, Any]] = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": release.pod.resource_version},
         {"op": "test", "path": f"{path}/name", "value": release.gate},
         {"op": "remove", "path": path},
     ]
@@ -54,3 +63,14 @@ def release_patch(release: Release) -> list[dict[str, Any]]:
                 for t in changes.tolerations
             )
     return ops
+
+
+def fence_patch(resource_version: str, has_annotations: bool) -> list[dict[str, Any]]:
+    """A patch that changes the pod, if it is still at ``resource_version``, and nothing else:
+    once it is applied, a release patch that tested that version can never be applied."""
+    test = {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}
+    if has_annotations:
+        path = f"/metadata/annotations/{_pointer(FENCE_ANNOTATION)}"
+        return [test, {"op": "add", "path": path, "value": resource_version}]
+    value = {FENCE_ANNOTATION: resource_version}
+    return [test, {"op": "add", "path": "/metadata/annotations", "value": value}]

@@ -20,13 +20,14 @@ from ungater._assess import owner_facts_of, owner_of, pod_facts, pod_selectors, 
 from ungater._cache import OwnerKey
 from ungater._decision import Decision, PodFacts, Release, active_slice, decide
 from ungater._events import NORMAL, RELEASED, InvolvedObject, released_message
-from ungater._kube import PODS, Resource
+from ungater._kube import PODS, ApiError, Resource
 from ungater._kueue import workload_resource
 from ungater._metrics import seconds_since
 from ungater._model import (
     ADMITTED,
     MalformedObject,
     ObjectRef,
+    ObjectView,
     PodView,
     WorkloadView,
     parse_pod,
@@ -35,7 +36,8 @@ from ungater._model import (
 from ungater._notices import Notices
 from ungater._patcher import BLOCKED, CONFLICT, DELETING, ERROR, GONE, SKIPPED, Patcher
 from ungater._patcher import RELEASED as PATCH_RELEASED
-from ungater._state import KindRuntime, State, resource_version_number
+from ungater._patches import fence_patch
+from ungater._state import KindRuntime, State, Uncertain, resource_version_number
 
 __all__ = ["Changed", "Reconciler"]
 
@@ -69,6 +71,8 @@ class Reconciler:
             return None
         if rt.mode == "audit":
             return self._audit(key, rt, owner, slices)
+        if any(u.key == key for u in s.uncertain.values()):
+            await self._settle_uncertain(key, rt)
         if s.expectations.pending(key):
             expired = s.expectations.expired(key)
             if not expired:
@@ -76,19 +80,28 @@ class Reconciler:
                 s.queue.add_after(key, max(wait, 0.01))
                 return None
             await self._settle_expired(key, rt, expired)
+        if rt.handler.spec.owner_resource is not None and owner.uid not in s.owner_facts:
+            # its size bounds the cap, and a size unknown releases nothing: read it now
+            # rather than wait for a lagging owner watch (gone: it stays unknown)
+            await self._refresh_owner(rt, key.namespace, owner)
         decision = self._decide(key, rt, owner, slices)
         if decision.releases:
-            # a released pod ended after our last view of the owner or of its slice: the owner
-            # may have shrunk first (scale-down), and Kueue lowers a shrunk owner's slice in
-            # place after its pods went; refill nothing until fresh reads say how big both are
-            stale_owner = self._owner_may_be_stale(key, rt, owner)
-            stale_slice = self._slice_may_be_stale(key, slices)
+            # a pod ended or went, or the owner changed, after our last view of the owner or
+            # of its slice: the owner may have shrunk first (scale-down), and Kueue lowers a
+            # shrunk owner's slice in place after its pods went; and a new leader's caches may
+            # lag what the last one did. Release nothing until fresh reads say how it is.
+            unproven = s.proven is not None and key not in s.proven
+            stale_owner = self._owner_may_be_stale(key, rt, owner) or (
+                unproven and self._owner_readable(rt)
+            )
+            stale_slice = unproven or self._slice_may_be_stale(key, slices)
             if stale_owner or stale_slice:
                 fresh = await self._refresh(key, rt, owner, slices, stale_owner, stale_slice)
                 if not fresh:
                     return None
                 slices = fresh
-                decision = self._decide(key, rt, owner, slices)
+                pods = await self._read_pods(key, rt, owner) if unproven else None
+                decision = self._decide(key, rt, owner, slices, pods)
         self.notices.stuck(key, decision)
         s.decisions[key] = decision
         if decision.releases:
@@ -98,26 +111,43 @@ class Reconciler:
     # -- deciding --------------------------------------------------------------------------------
 
     def _inputs(
-        self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef
-    ) -> tuple[list[PodFacts], Mapping[str, int] | None]:
-        """The decision's input from what the caches hold now: pod facts, the owner's size."""
+        self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef, pods: list[PodView] | None = None
+    ) -> tuple[list[PodFacts], Mapping[str, int] | None, str]:
+        """The decision's input from what the caches hold now (or from ``pods``, read fresh):
+        pod facts, the owner's size, and why that size is unknown (empty when it is known)."""
         vias = via_objects(rt.handler, owner, self.s.objects_controlled_by(owner.uid))
         owner_facts = owner_facts_of(rt.handler, self.s.owner_facts.get(owner.uid), vias)
-        pods = [
-            p
-            for selector in pod_selectors(rt.handler, owner, vias)
-            for p in rt.pods.select(key.namespace, selector)
-        ]
+        if pods is None:
+            pods = [
+                p
+                for selector in pod_selectors(rt.handler, owner, vias)
+                for p in rt.pods.select(key.namespace, selector)
+            ]
         facts = pod_facts(rt.handler, owner, pods, self.s.objects, owner_facts)
         desired = rt.handler.desired_counts(owner_facts) if owner_facts is not None else None
-        return facts, desired
+        return facts, desired, self._size_unknown(rt, owner, vias)
+
+    def _size_unknown(self, rt: KindRuntime, owner: ObjectRef, vias: list[ObjectView]) -> str:
+        """Why the owner's own size cannot be read, if it cannot: a bound that fails must hold
+        everything, not fall back to the slice alone."""
+        errors = [f"{v.kind} {v.name}: {v.facts_error}" for v in vias if v.facts_error]
+        if errors:
+            return "; ".join(errors)
+        if rt.handler.spec.owner_resource is None:
+            return ""
+        error = self.s.owner_errors.get(owner.uid)
+        if error is not None:
+            return error
+        if owner.uid not in self.s.owner_facts:
+            return f"{owner.kind} {owner.name} is not in the cache (yet)"
+        return ""
 
     def _audit(
         self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef, slices: list[WorkloadView]
     ) -> Decision:
         """Audit mode: the same decision, compared with the pods as they are; nothing patched."""
         s = self.s
-        facts, desired = self._inputs(key, rt, owner)
+        facts, desired, _unknown = self._inputs(key, rt, owner)
         decision, wait = s.auditor.observe(
             key,
             str(rt.kind),
@@ -135,19 +165,27 @@ class Reconciler:
         return decision
 
     def _decide(
-        self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef, slices: list[WorkloadView]
+        self,
+        key: OwnerKey,
+        rt: KindRuntime,
+        owner: ObjectRef,
+        slices: list[WorkloadView],
+        fresh_pods: list[PodView] | None = None,
     ) -> Decision:
-        """The pure decision on what the caches hold now for this owner."""
-        facts, desired = self._inputs(key, rt, owner)
+        """The pure decision on what the caches hold now for this owner (its pods as
+        ``fresh_pods`` says, when they were read from the API server)."""
+        facts, desired, unknown = self._inputs(key, rt, owner, fresh_pods)
         pods = [f.pod for f in facts]
+        s = self.s
         return decide(
             slices,
             facts,
             rt.gate,
-            self.s.expectations.pending(key) | self._behind_our_writes(pods),
-            apply_pod_set_updates=self.s.config.apply_pod_set_updates,
+            s.expectations.pending(key) | self._behind_our_writes(pods) | frozenset(s.uncertain),
+            apply_pod_set_updates=s.config.apply_pod_set_updates,
             desired=desired,
-            blocked=self.s.blocked.waiting(p.uid for p in pods),
+            blocked=s.blocked.waiting(p.uid for p in pods),
+            size_unknown=unknown,
         )
 
     # -- views that may be stale -----------------------------------------------------------------
@@ -176,6 +214,11 @@ class Reconciler:
         if rt.handler.spec.owner_resource is None:
             return False
         return self.s.owner_rv.get(owner.uid, -1) < freed
+
+    @staticmethod
+    def _owner_readable(rt: KindRuntime) -> bool:
+        spec = rt.handler.spec
+        return spec.owner_resource is not None or spec.select_via is not None
 
     def _slice_may_be_stale(self, key: OwnerKey, slices: list[WorkloadView]) -> bool:
         freed = self.s.freed_rv.get(key)
@@ -265,6 +308,78 @@ class Reconciler:
             else:
                 self.s.keep_object(self.s.parse_via(rt, obj))
 
+    async def _read_pods(self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef) -> list[PodView]:
+        """The owner's pods as the API server has them now (a quorum list per selector): what a
+        new leader decides on until its cache is shown to hold the same."""
+        s = self.s
+        vias = via_objects(rt.handler, owner, s.objects_controlled_by(owner.uid))
+        fresh: dict[str, PodView] = {}
+        cached: dict[str, PodView] = {}
+        for selector in pod_selectors(rt.handler, owner, vias):
+            text = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+            items, _ = await s.client.list_objects(PODS, key.namespace, text)
+            for obj in items:
+                try:
+                    view = parse_pod(obj)
+                except MalformedObject:
+                    continue
+                fresh[view.uid] = view
+            cached.update((p.uid, p) for p in rt.pods.select(key.namespace, selector))
+        s.stats.proof_reads += 1
+        if fresh.keys() == cached.keys() and all(
+            _not_older(cached[uid], view) for uid, view in fresh.items()
+        ):
+            assert s.proven is not None
+            s.proven.add(key)  # the cache holds what the server holds: it may decide alone
+        return list(fresh.values())
+
+    async def _settle_uncertain(self, key: OwnerKey, rt: KindRuntime) -> None:
+        """Settle each release of this owner whose outcome is unknown, for good: it counts as
+        released until the server shows the pod at another version (the patch tests the one
+        it was decided on, so it can no longer land) or gone."""
+        s = self.s
+        unsettled = 0
+        for uid, u in [(uid, u) for uid, u in s.uncertain.items() if u.key == key]:
+            if await self._fence(key, rt, uid, u):
+                s.uncertain.pop(uid, None)
+            else:
+                unsettled += 1
+        if unsettled:  # still in flight; decide on that, and come back to settle it
+            s.queue.add_after(key, 1.0)
+
+    async def _fence(self, key: OwnerKey, rt: KindRuntime, uid: str, u: Uncertain) -> bool:
+        """True once the release sent as ``u`` can never land (and, if it did, it is counted)."""
+        s = self.s
+        for _ in range(3):  # each round either settles or saw the pod change meanwhile
+            obj = await s.client.get(PODS, u.namespace, u.name)
+            if obj is None or (obj.get("metadata") or {}).get("uid") != uid:
+                return True  # gone (a pod of the same name is not at the tested version)
+            view = parse_pod(obj)
+            if view.resource_version != u.resource_version:
+                if not view.has_gate(rt.gate) and not view.terminal and not view.deleting:
+                    # released, by that patch or another writer: counted until seen
+                    s.expectations.expect(key, [uid], rt.kind)
+                    s.ours.add(uid)
+                    written = resource_version_number(view.resource_version)
+                    if written is not None:
+                        s.written[uid] = max(written, s.written.get(uid, 0))
+                return True
+            # unchanged since the decision: the patch has not landed, and still could;
+            # change the pod, so that it cannot
+            fence = fence_patch(u.resource_version, bool(view.annotations))
+            try:
+                await s.client.json_patch(PODS, u.namespace, u.name, fence)
+            except ApiError as exc:
+                if exc.status == 404:
+                    return True
+                if exc.status in (409, 422):
+                    continue  # it changed under the fence: look again
+                raise
+            s.stats.fences += 1
+            log.info("pod %s/%s: an unanswered release can no longer land", u.namespace, u.name)
+            return True
+        return False
+
     async def _settle_expired(self, key: OwnerKey, rt: KindRuntime, uids: frozenset[str]) -> None:
         """The watch has not shown our patches in time: ask the API server for the truth.
 
@@ -308,6 +423,10 @@ class Reconciler:
         releases = decision.releases
         s.expectations.expect(key, [r.pod.uid for r in releases], rt.kind)
         s.ours.update(r.pod.uid for r in releases)
+        for r in releases:  # until each request's answer says otherwise, it may have landed
+            s.uncertain[r.pod.uid] = Uncertain(
+                key, r.pod.namespace, r.pod.name, r.pod.resource_version
+            )
         outcomes = await self.patcher.release_all(releases)
         retry = False
         failed = 0
@@ -316,6 +435,8 @@ class Reconciler:
         refused: list[Release] = []
         for r in releases:
             outcome = outcomes.get(r.pod.uid, ERROR)
+            if outcome != ERROR:
+                s.uncertain.pop(r.pod.uid, None)  # answered: we know what became of it
             if outcome == PATCH_RELEASED:
                 s.stats.released += 1
                 s.blocked.clear(r.pod.uid)
@@ -340,7 +461,10 @@ class Reconciler:
                     await self.patcher.check_foreign_release(r, rt)
                 retry = retry or outcome != SKIPPED
             else:
-                failed += 1  # unknown outcome: the patch may have landed; keep expecting it
+                # unknown outcome: the patch may have landed, or may still land; it stays
+                # uncertain (in flight) until the next reconcile settles it (_settle_uncertain)
+                failed += 1
+                s.expectations.observe(r.pod.uid)
         self._announce(key, rt, owner_name, decision, active, released, waits)
         if refused:
             self.notices.blocked(key, rt, refused)
@@ -396,3 +520,8 @@ class Reconciler:
                     "pod_set": pod_set,
                 },
             )
+
+
+def _not_older(cached: PodView, fresh: PodView) -> bool:
+    a, b = (resource_version_number(p.resource_version) for p in (cached, fresh))
+    return a is not None and b is not None and a >= b

@@ -35,7 +35,14 @@ from ungater._snapshot import WATCH_SERIES, ControllerSnapshot
 from ungater._standdown import StandDown
 from ungater._workqueue import WorkQueue
 
-__all__ = ["KindRuntime", "OwnerFacts", "State", "Stats", "resource_version_number"]
+__all__ = [
+    "KindRuntime",
+    "OwnerFacts",
+    "State",
+    "Stats",
+    "Uncertain",
+    "resource_version_number",
+]
 
 log = logging.getLogger("ungater.controller")  # the controller's voice, as before the split
 
@@ -57,12 +64,25 @@ class KindRuntime:
 
 @dataclass(frozen=True, slots=True)
 class OwnerFacts:
-    """What a plugin extracted from an owner object, kept instead of the object."""
+    """What a plugin extracted from an owner object, kept instead of the object; ``error``
+    when the plugin could not read it (the owner's size is then unknown: nothing is released)."""
 
     namespace: str
     uid: str
     facts: dict[str, Any]
     resource_version: str = ""
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Uncertain:
+    """A release patch sent whose outcome we do not know (no answer yet, a timeout, a 5xx, a
+    cancelled request). It counts as released until ``Reconciler`` proves it cannot land."""
+
+    key: OwnerKey
+    namespace: str
+    name: str
+    resource_version: str  # the one the patch tests: it can land only on the pod at this version
 
 
 @dataclass
@@ -76,6 +96,8 @@ class Stats:
     patch_errors: int = 0
     patch_blocked: int = 0
     released_deleting: int = 0
+    fences: int = 0  # unanswered releases made unable to land (reconciler._fence)
+    proof_reads: int = 0  # a new term's quorum reads of an owner's pods
     foreign_releases: int = 0
     skipped_kinds: list[str] = field(default_factory=list)
 
@@ -111,9 +133,11 @@ class State:
         self.objects: dict[str, ObjectView] = {}  # intermediate owners by UID
         self.controlled: dict[str, set[str]] = {}  # controller UID -> cached objects it controls
         self.owner_facts: dict[str, dict[str, Any]] = {}
+        self.owner_errors: dict[str, str] = {}  # owner UID -> why its plugin cannot read it
         self.owner_rv: dict[str, int] = {}
-        # per owner: the newest resourceVersion of one of its pods that ended or went away,
-        # to tell whether the cached owner object may predate the event that freed a slot
+        # per owner: the newest resourceVersion at which it may have shrunk (one of its pods
+        # ended or went away, released or gated, or its own object changed), to tell whether
+        # the cached owner object or slice may predate it (the fence, reconciler.py)
         self.freed_rv: dict[OwnerKey, int] = {}
         self.queue: WorkQueue[OwnerKey] = WorkQueue()
         self.expectations = Expectations(config.expectations_timeout_seconds, clock)
@@ -123,6 +147,13 @@ class State:
         # has not seen our write, whatever watch it came from, and must not be decided on
         self.written: dict[str, int] = {}
         self.foreign_seen: set[str] = set()  # pods already reported released by another
+        # pod UID -> a release patch whose outcome is unknown: in flight until proven otherwise
+        self.uncertain: dict[str, Uncertain] = {}
+        # leadership: the resourceVersion at which this term began (a release older than it
+        # is the previous leader's, not a foreign one), and the owners whose cached pods a
+        # quorum read has confirmed since (the others are decided on such a read)
+        self.term_rv = 0
+        self.proven: set[OwnerKey] | None = None  # None: no proof needed (no term changed)
         rb = config.release_blocked
         self.blocked = BlockedReleases(  # releases refused for good, per pod
             rb.initial_backoff_seconds, rb.max_backoff_seconds, clock=clock
@@ -199,18 +230,25 @@ class State:
 
     def parse_owner(self, rt: KindRuntime, obj: Mapping[str, Any]) -> OwnerFacts:
         meta = obj.get("metadata") or {}
+        error = ""
         try:
             facts = rt.handler.owner_facts(obj)
         except PluginError as exc:
-            self.stats.plugin_errors += 1
-            log.error("%s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
-            facts = {}
+            self._plugin_error(exc, f"{meta.get('namespace')}/{meta.get('name')}")
+            facts, error = {}, str(exc)
         return OwnerFacts(
             str(meta.get("namespace", "")),
             str(meta.get("uid", "")),
             facts,
             str(meta.get("resourceVersion", "")),
+            error,
         )
+
+    def _plugin_error(self, exc: PluginError, what: str) -> None:
+        self.stats.plugin_errors += 1
+        log.error("%s: %s", what, exc)
+        if self.metrics is not None:
+            self.metrics.observe_plugin_error(exc.plugin.name)
 
     def parse_via(self, rt: KindRuntime, obj: Mapping[str, Any]) -> ObjectView:
         """An object a ``select_via`` kind's pods are selected through, with the plugin's facts
@@ -219,9 +257,8 @@ class State:
         try:
             facts = rt.handler.owner_facts(obj)
         except PluginError as exc:
-            self.stats.plugin_errors += 1
-            log.error("%s/%s: %s", view.namespace, view.name, exc)
-            facts = {}
+            self._plugin_error(exc, f"{view.namespace}/{view.name}")
+            return replace(view, facts={}, facts_error=str(exc))
         return replace(view, facts=dict(facts))
 
     def keep_owner(self, view: OwnerFacts) -> None:
@@ -230,10 +267,15 @@ class State:
             return  # a fresh read already gave us something newer than this event
         self.owner_facts[view.uid] = view.facts
         self.owner_rv[view.uid] = rv if rv is not None else -1
+        if view.error:
+            self.owner_errors[view.uid] = view.error
+        else:
+            self.owner_errors.pop(view.uid, None)
 
     def forget_owner(self, view: OwnerFacts) -> None:
         self.owner_facts.pop(view.uid, None)
         self.owner_rv.pop(view.uid, None)
+        self.owner_errors.pop(view.uid, None)
 
     # -- figures ---------------------------------------------------------------------------------
 

@@ -185,7 +185,9 @@ async def test_only_our_gate_is_removed() -> None:
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {"name": "t", "namespace": NS, "uid": "u-t"},
+        "spec": {"parallelism": 1, "completionMode": "Indexed"},
     }
+    fake.put(JOBS, owner)  # an owner whose size is not known releases nothing
     fake.put(PODS, job_pod(owner, 0, gates=["example.com/other", GATE, "example.com/third"]))
     fake.put(WORKLOADS, workload(owner, "t-a", count=1, admitted=1))
     async with running(fake):

@@ -474,19 +474,22 @@ def _with_rv(raw: dict[str, Any], rv: int) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("before", "after", "frees"),
+    ("before", "after", "fence"),
     [
-        pytest.param("gated", "relabelled-gated", False, id="gated-relabelled"),
-        pytest.param("gated", "failed-gated", False, id="gated-failed"),
-        pytest.param("released", "relabelled-released", False, id="released-relabelled"),
-        pytest.param("released", "failed", True, id="released-failed"),
-        pytest.param("released", "deleting", True, id="released-deleting"),
-        pytest.param("released", "gone", True, id="released-deleted"),
+        pytest.param("gated", "relabelled-gated", None, id="gated-relabelled"),
+        pytest.param("gated", "failed-gated", 42, id="gated-failed"),
+        pytest.param("gated", "gone", 40, id="gated-deleted"),
+        pytest.param("released", "relabelled-released", None, id="released-relabelled"),
+        pytest.param("released", "failed", 42, id="released-failed"),
+        pytest.param("released", "deleting", 42, id="released-deleting"),
+        pytest.param("released", "gone", 41, id="released-deleted"),
     ],
 )
-async def test_a_slot_is_freed_only_when_a_released_live_pod_stops_being_one(
-    before: str, after: str, frees: bool
+async def test_the_slice_fence_is_armed_when_a_live_pod_ends_or_goes_released_or_gated(
+    before: str, after: str, fence: int | None
 ) -> None:
+    """Any pod that ends or goes may be a scale-down's victim (a gated one too): the newest
+    resourceVersion at which one did arms the owner and slice fence; a relabel does not."""
     ctl = controller()
     rt = runtime(ctl, "Job")
     owner = job("train")
@@ -511,9 +514,7 @@ async def test_a_slot_is_freed_only_when_a_released_live_pod_stops_being_one(
     old, new = states[before], states[after]
     assert old is not None
     ctl.handlers.pod_handler(rt)(parse_pod(old), None if new is None else parse_pod(new))
-    assert ctl.state.freed_rv.get(key) == (
-        42 if frees and new is not None else 41 if frees else None
-    )
+    assert ctl.state.freed_rv.get(key) == fence
 
 
 async def test_the_newest_freed_slot_is_kept_whichever_view_shows_an_older_one_later() -> None:

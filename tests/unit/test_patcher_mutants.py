@@ -202,16 +202,17 @@ async def test_a_patch_with_an_unknown_outcome_is_counted_each_time(failure: Exc
 
 
 async def test_a_release_landing_on_a_terminating_pod_is_no_release() -> None:
-    """The guarded patch succeeds on a pod already being deleted: the gate is gone, but the pod
-    runs nothing, so the outcome is ``deleting`` (counted apart, each time), never
-    ``released``."""
+    """The guarded patch succeeds on a pod already being deleted (decided on a view that
+    showed it so: its version test passes): the gate is gone, but the pod runs nothing, so the
+    outcome is ``deleting`` (counted apart, each time), never ``released``."""
     fake = FakeKube()
     terminating = []
     for name in ("c", "d"):
         raw = pod(name)
         raw["metadata"]["finalizers"] = ["example.com/keep"]
-        terminating.append(release_of(fake.put(PODS, raw)))
+        fake.put(PODS, raw)
         fake.delete(PODS, NS, name)  # terminating, still gated
+        terminating.append(release_of(fake.read(PODS, NS, name) or {}))
     live = release_of(fake.put(PODS, pod("e")))
     metrics = Metrics()
     p, _, state = patcher(fake, metrics)

@@ -51,6 +51,8 @@ from ungater._kube import EVENTS, PODS, ApiError, Resource
 from ungater._kueue import workload_resource
 from ungater._metrics import Metrics
 from ungater._model import Kind, parse_workload
+from ungater._patcher import DELETING
+from ungater._patches import FENCE_ANNOTATION
 from ungater._reconciler import Changed
 from ungater._registry import PluginRegistry
 from ungater._state import KindRuntime
@@ -173,6 +175,12 @@ def gated(fake: FakeKube, p: dict[str, Any]) -> bool:
     return GATE in [g["name"] for g in now["spec"].get("schedulingGates") or []]
 
 
+def rv_of(fake: FakeKube, p: dict[str, Any]) -> str:
+    now = fake.read(PODS, NAMESPACE, name(p))
+    assert now is not None
+    return str(now["metadata"]["resourceVersion"])
+
+
 def script(fake: FakeKube, outcomes: dict[str, ApiError]) -> list[str]:
     """Patches of the pods named in ``outcomes`` fail with that error; the rest go through.
     Returns the names of the pods a patch was attempted on, in order."""
@@ -212,8 +220,9 @@ def events_of(fake: FakeKube, reason: str) -> list[dict[str, Any]]:
 async def test_each_patch_outcome_is_acted_on_and_unknown_ones_fail_the_reconcile() -> None:
     """Two released, one gone, one conflict, one refused for good, two with an unknown
     outcome: the released are counted and stay expected and ours, gone/conflict/refused are
-    no longer in flight nor ours, the unknown stay expected (they may have landed), and the
-    reconcile fails naming how many patches failed for which owner."""
+    no longer in flight nor ours, the unknown stay ours and uncertain (they may have landed,
+    or may still: settled by the next reconcile, not by the watch), and the reconcile fails
+    naming how many patches failed for which owner."""
     fake = FakeKube()
     _, key, pods = setup(fake, pods=7, admitted=7)
     async with standby(fake) as (ctl, _):
@@ -234,9 +243,11 @@ async def test_each_patch_outcome_is_acted_on_and_unknown_ones_fail_the_reconcil
         assert str(failed.value) == f"2 patch(es) failed for {key}"
         assert sorted(attempted) == sorted(name(p) for p in pods)
         assert ctl.stats.released == 2
-        in_flight = {uid(pods[i]) for i in (0, 1, 5, 6)}
-        assert ctl.expectations.pending(key) == in_flight
-        assert ctl.state.ours == in_flight
+        assert ctl.expectations.pending(key) == {uid(pods[i]) for i in (0, 1)}
+        unknown = {uid(pods[i]) for i in (5, 6)}
+        assert set(ctl.state.uncertain) == unknown
+        assert {u.key for u in ctl.state.uncertain.values()} == {key}
+        assert ctl.state.ours == {uid(pods[i]) for i in (0, 1, 5, 6)}
         # expected in the deciding view: another pod index showing the pod clears nothing
         assert ctl.expectations.observe(uid(pods[0]), OTHER_VIEW) is None
         assert ctl.expectations.observe(uid(pods[0]), JOB) == key
@@ -327,9 +338,12 @@ async def test_patches_skipped_after_leadership_was_lost_ask_for_no_retry() -> N
         assert all(gated(fake, p) for p in pods) and ctl.stats.released == 0
 
 
-async def test_a_release_landing_on_a_terminating_pod_re_decides_and_keeps_it_expected() -> None:
-    """The patch landed on a pod being deleted (the cache had not seen the deletion): no
-    release, but the owner is re-decided (``Changed``) and the pod stays expected and ours."""
+async def test_a_pod_that_started_terminating_under_the_patch_keeps_its_gate_and_re_decides() -> (
+    None
+):
+    """The pod started terminating after the view the decision read: the patch tests that
+    view's version, so it is refused: no release, no gate removed from a pod that runs
+    nothing, the owner re-decided (``Changed``), nothing left in flight or ours."""
     fake = FakeKube()
     j = fake.put(JOBS, job("train", parallelism=1))
     raw = job_pod(j, index=0)
@@ -343,8 +357,33 @@ async def test_a_release_landing_on_a_terminating_pod_re_decides_and_keeps_it_ex
         fake.delete(PODS, NAMESPACE, name(p))  # terminating, still gated
         with pytest.raises(Changed):
             await ctl.reconciler.reconcile(key)
-        assert ctl.stats.released == 0 and ctl.stats.released_deleting == 1
+        assert ctl.stats.released == 0 and ctl.stats.patch_conflicts == 1
+        assert gated(fake, p)
+        assert not ctl.expectations.pending(key) and not ctl.state.ours
+        assert not ctl.state.uncertain
+
+
+async def test_a_release_landing_on_a_terminating_pod_re_decides_and_keeps_it_expected() -> None:
+    """The patch landed on a pod being deleted (outcome ``deleting``): no release, but the
+    owner is re-decided (``Changed``) and the pod stays expected and ours, no longer
+    uncertain (the answer came)."""
+    fake = FakeKube()
+    j = fake.put(JOBS, job("train", parallelism=1))
+    p = fake.put(PODS, job_pod(j, index=0))
+    fake.put(WORKLOADS, workload(j, {"main": 1}, admitted={"main": 1}))
+    key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
+    async with standby(fake) as (ctl, _):
+        await cached(ctl, key, fake, 1)
+
+        async def landed_on_a_terminating_pod(releases: Any) -> dict[str, str]:
+            return {r.pod.uid: DELETING for r in releases}
+
+        ctl.reconciler.patcher.release_all = landed_on_a_terminating_pod  # type: ignore[method-assign]
+        with pytest.raises(Changed):
+            await ctl.reconciler.reconcile(key)
+        assert ctl.stats.released == 0
         assert ctl.expectations.pending(key) == {uid(p)} and ctl.state.ours == {uid(p)}
+        assert not ctl.state.uncertain
 
 
 async def test_released_pods_feed_the_wait_histogram_from_when_room_was_made() -> None:
@@ -503,13 +542,11 @@ async def test_one_pod_skipped_while_settling_does_not_stop_settling_the_next(sk
         assert ctl.expectations.next_deadline(key) == TIMEOUT
 
 
-async def test_a_reconcile_settles_expired_expectations_and_counts_re_armed_pods_in_flight() -> (
-    None
-):
+async def test_a_reconcile_settles_an_unknown_outcome_and_counts_a_released_pod_in_flight() -> None:
     """Our patch failed (unknown outcome) while another writer released the pod; the watch
-    never showed it. Once the expectation expires the reconcile settles it from the server:
-    the pod is released and live, so it stays in flight and fills the one admitted slot, and
-    nothing more is patched."""
+    never showed it. The next reconcile settles it from the server, with no clock: the pod is
+    at another version (our patch can no longer land) and released and live, so it is in
+    flight (expected in the deciding view) and nothing more is patched (not even a fence)."""
     fake = FakeKube()
     clock = ManualClock(1000.0)
     _, key, pods = setup(fake, pods=2, admitted=1)
@@ -520,14 +557,46 @@ async def test_a_reconcile_settles_expired_expectations_and_counts_re_armed_pods
         with pytest.raises(RuntimeError):
             await ctl.reconciler.reconcile(key)
         assert attempted == [name(pods[0])]
+        assert set(ctl.state.uncertain) == {uid(pods[0])}
         released_by_someone(fake, pods[0])
-        clock.now += TIMEOUT + 1
         attempted.clear()
         decision = await ctl.reconciler.reconcile(key)
-        assert decision is not None and not decision.releases
+        assert decision is None  # it waits for the deciding view to show that release
         assert attempted == []
         assert ctl.expectations.pending(key) == {uid(pods[0])}
-        assert ctl.expectations.expired_total == 1
+        assert not ctl.state.uncertain and uid(pods[0]) in ctl.state.ours
+        assert ctl.state.written[uid(pods[0])] == int(rv_of(fake, pods[0]))
+        assert ctl.expectations.expired_total == 0 and ctl.stats.fences == 0
+
+
+async def test_an_unknown_outcome_on_an_unchanged_pod_is_fenced_then_released_once() -> None:
+    """Our patch failed (unknown outcome) and the pod is still at the version it tested: it
+    may still land. The next reconcile changes the pod (the fence: a new annotation), so that
+    it can never land, and only then decides again: the pod is released once, by a patch
+    that tests the fenced version."""
+    fake = FakeKube()
+    _, key, pods = setup(fake, pods=2, admitted=1)
+    async with standby(fake) as (ctl, _):
+        await cached(ctl, key, fake, 2)
+        script(fake, {name(pods[0]): ApiError(500, "Internal Server Error")})
+        with pytest.raises(RuntimeError):
+            await ctl.reconciler.reconcile(key)
+        tested = rv_of(fake, pods[0])
+        fake.before_patch = None
+        await eventually(lambda: rt_of(ctl).pods.by_uid.get(uid(pods[0])) is not None)
+        for _ in range(3):  # until the cache shows the fenced version and the release lands
+            try:
+                await ctl.reconciler.reconcile(key)
+            except Changed:
+                await anyio.sleep(0.05)
+                continue
+            if not gated(fake, pods[0]):
+                break
+        assert ctl.stats.fences == 1
+        fenced = fake.read(PODS, NAMESPACE, name(pods[0])) or {}
+        assert fenced["metadata"]["annotations"][FENCE_ANNOTATION] == tested
+        assert not gated(fake, pods[0]) and gated(fake, pods[1])
+        assert not ctl.state.uncertain
 
 
 # -- reconcile -----------------------------------------------------------------------------------

@@ -149,17 +149,27 @@ def job_object(rv: str = "5") -> dict[str, Any]:
     }
 
 
-def test_a_failing_owner_facts_hook_is_counted_each_time_and_leaves_no_facts() -> None:
+def test_a_failing_owner_facts_hook_is_counted_each_time_and_leaves_no_facts_but_its_error() -> (
+    None
+):
     s = state(FactlessJobs)
     rt = s.kinds[JOB]
     view = s.parse_owner(rt, job_object())
-    assert view == OwnerFacts(NS, "uid-train", {}, "5")
+    assert view.facts == {} and (view.uid, view.resource_version) == ("uid-train", "5")
+    assert "cannot read this Job" in view.error
+    s.keep_owner(view)
+    assert "cannot read this Job" in s.owner_errors["uid-train"]
     s.parse_owner(rt, job_object())
     assert s.stats.plugin_errors == 2
     via = s.parse_via(rt, job_object())
-    assert via.facts == {} and via.name == "train"
+    assert via.facts == {} and via.name == "train" and "cannot read this Job" in via.facts_error
     s.parse_via(rt, job_object())
     assert s.stats.plugin_errors == 4
+    s.keep_owner(OwnerFacts(NS, "uid-train", {"parallelism": 3}, "6"))  # read again: known
+    assert "uid-train" not in s.owner_errors
+    s.keep_owner(view.__class__(NS, "uid-train", {}, "7", "broken again"))
+    s.forget_owner(OwnerFacts(NS, "uid-train", {}, "8"))
+    assert "uid-train" not in s.owner_errors
 
 
 def test_an_older_owner_event_does_not_replace_a_fresh_read() -> None:
