@@ -61,8 +61,8 @@ from ungater._registry import PluginRegistry
 JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
 COMPLETIONS = 20
 MAX_SIZE = 7
-# CI runs the first 30 (~20 s); `make world SEEDS=200` runs more (WORLD_SEEDS)
-SEEDS = range(int(os.environ.get("WORLD_SEEDS", "30")))
+# CI runs the first 40 (~20 s); `make world SEEDS=200` runs more (WORLD_SEEDS)
+SEEDS = range(int(os.environ.get("WORLD_SEEDS", "40")))
 STEPS = 80
 VICTIMS_AFTER = 0.25  # s from a shrink to the owner controller's first deletion
 LAG = 0.6  # s: one watch stream of one replica of each world is this much behind the others
