@@ -4,7 +4,8 @@ A small world model plays Kueue, the Job and JobSet controllers, the kubelet, an
 and the network: owners are admitted, grow (owner size first, a replacement slice later: the
 old slice is finished a step before the new one is admitted) and shrink (owner size first, its
 victims, gated or released, deleted afterwards, the slice's count lowered in place later, and
-the owner may grow back at once); released pods fail and are replaced; another writer removes
+the owner may grow back at once); released pods fail and are replaced, gated ones are deleted
+now and then and recreated; another writer removes
 our gate now and then (as Kueue's own ungater would, within the cap); watches are delayed per
 stream, one stream of one replica is slow, one replica's pod watch is held now and then, and
 watches are cut, expired with 410 Gone and stalled; pod patches are refused (403/422), fail
@@ -406,6 +407,14 @@ class World:
             return "kubelet"
         if roll < 0.86:
             return self.foreign_release(o)
+        if roll < 0.89:
+            # someone deletes a gated pod; the Job controller recreates its index later, a
+            # new pod that may order before gated pods a releaser already chose
+            waiting = [p for p in self.pods(o) if live(p) and gated(p)]
+            if waiting:
+                p = self.rng.choice(waiting)
+                self.fake.delete(PODS, NAMESPACE, p["metadata"]["name"])
+                return f"gated pod {index_of(p)} deleted"
         return faults.network()
 
 
