@@ -70,6 +70,7 @@ class Controller:
         self.queue, self.expectations, self.blocked = s.queue, s.expectations, s.blocked
         self.decisions, self.auditor, self.guard = s.decisions, s.auditor, s.guard
         self.reflectors: list[Reflector[Any]] = []
+        s.cache_versions = lambda: [r.resource_version for r in self.reflectors]
         self.ready = anyio.Event()
         self._busy = 0
         self._idle: anyio.Event | None = None

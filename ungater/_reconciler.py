@@ -44,6 +44,10 @@ __all__ = ["Changed", "Reconciler"]
 log = logging.getLogger("ungater.controller")  # the controller's voice, as before the split
 
 
+#: How soon an owner comes back when one of its unanswered releases could not be settled.
+UNSETTLED_RETRY_SECONDS = 1.0
+
+
 class Changed(Exception):
     """Pods changed under our patches (gone, or our guarded patch refused): retry later."""
 
@@ -90,7 +94,7 @@ class Reconciler:
             # of its slice: the owner may have shrunk first (scale-down), and Kueue lowers a
             # shrunk owner's slice in place after its pods went; and a new leader's caches may
             # lag what the last one did. Release nothing until fresh reads say how it is.
-            unproven = s.proven is not None and key not in s.proven
+            unproven = self._unproven(key)
             stale_owner = self._owner_may_be_stale(key, rt, owner) or (
                 unproven and self._owner_readable(rt)
             )
@@ -214,6 +218,19 @@ class Reconciler:
         if rt.handler.spec.owner_resource is None:
             return False
         return self.s.owner_rv.get(owner.uid, -1) < freed
+
+    def _unproven(self, key: OwnerKey) -> bool:
+        """Whether this term has yet to show that the caches hold what the last leader did,
+        for this owner: by a quorum read that matched them, or by every cache having seen
+        past the Lease write that began the term (then no owner needs a read any more)."""
+        s = self.s
+        if s.proven is None or key in s.proven:
+            return False
+        seen = [resource_version_number(v) for v in s.cache_versions()]
+        if s.term_rv and seen and all(v is not None and v >= s.term_rv for v in seen):
+            s.proven = None
+            return False
+        return True
 
     @staticmethod
     def _owner_readable(rt: KindRuntime) -> bool:
@@ -344,14 +361,18 @@ class Reconciler:
                 s.uncertain.pop(uid, None)
             else:
                 unsettled += 1
-        if unsettled:  # still in flight; decide on that, and come back to settle it
-            s.queue.add_after(key, 1.0)
+        if unsettled:  # still in flight: decide on that, and come back to settle it
+            s.queue.add_after(key, UNSETTLED_RETRY_SECONDS)
 
     async def _fence(self, key: OwnerKey, rt: KindRuntime, uid: str, u: Uncertain) -> bool:
         """True once the release sent as ``u`` can never land (and, if it did, it is counted)."""
         s = self.s
         for _ in range(3):  # each round either settles or saw the pod change meanwhile
-            obj = await s.client.get(PODS, u.namespace, u.name)
+            try:
+                obj = await s.client.get(PODS, u.namespace, u.name)
+            except (ApiError, OSError, TimeoutError) as exc:
+                log.warning("pod %s/%s: cannot settle a release yet: %r", u.namespace, u.name, exc)
+                return False
             if obj is None or (obj.get("metadata") or {}).get("uid") != uid:
                 return True  # gone (a pod of the same name is not at the tested version)
             view = parse_pod(obj)
@@ -374,7 +395,11 @@ class Reconciler:
                     return True
                 if exc.status in (409, 422):
                     continue  # it changed under the fence: look again
-                raise
+                log.warning("pod %s/%s: the fence was refused: %s", u.namespace, u.name, exc)
+                return False  # refused or failed: the release stays in flight
+            except (OSError, TimeoutError) as exc:
+                log.warning("pod %s/%s: the fence failed: %r", u.namespace, u.name, exc)
+                return False
             s.stats.fences += 1
             log.info("pod %s/%s: an unanswered release can no longer land", u.namespace, u.name)
             return True

@@ -154,6 +154,9 @@ class State:
         # quorum read has confirmed since (the others are decided on such a read)
         self.term_rv = 0
         self.proven: set[OwnerKey] | None = None  # None: no proof needed (no term changed)
+        # the resourceVersion each cache has seen up to (set by the manager): once every one
+        # is past term_rv, the caches show all the previous leader did, and prove every owner
+        self.cache_versions: Callable[[], Iterable[str]] = lambda: ()
         rb = config.release_blocked
         self.blocked = BlockedReleases(  # releases refused for good, per pod
             rb.initial_backoff_seconds, rb.max_backoff_seconds, clock=clock

@@ -153,6 +153,14 @@ async def test_a_new_leader_on_a_lagging_cache_does_not_release_past_the_old_lea
         # the old leader's release is not someone else's
         assert standby.stats.foreign_releases == 0
         assert wl["metadata"]["name"] in str(standby.decisions[key].active_slice)
+        reads = standby.stats.proof_reads
+        assert reads >= 1
+        # once every cache has seen past the term's start, no owner needs a proof any more
+        other = fake.put(JOBS, job("eval", parallelism=1, completions=1))
+        fake.put(PODS, job_pod(other, index=0, created=3))
+        fake.put(WORKLOADS, workload(other, {"main": 1}, admitted={"main": 1}))
+        await eventually(lambda: live_released(fake) == 2, what="the second Job's pod")
+        assert standby.stats.proof_reads == reads
 
 
 # -- 2. a patch that lands after the client gave up ----------------------------------------------
@@ -169,6 +177,7 @@ class LatePatches:
         self.delay = delay
         self.landed: list[str] = []
         self.refused_late: list[str] = []
+        self.landing = ""  # the pod whose late patch is being applied now
         self._tg: Any = None
 
     def __getattr__(self, name: str) -> Any:
@@ -182,6 +191,7 @@ class LatePatches:
 
         async def land() -> None:
             await anyio.sleep(self.delay)
+            self.landing = name
             try:
                 await self.inner.json_patch(resource, namespace, name, ops)
                 self.landed.append(name)
@@ -260,6 +270,40 @@ async def test_a_shrink_that_deletes_gated_pods_fences_the_slice() -> None:
     assert peak_live_released(fake) == 2
 
 
+@pytest.mark.anyio
+async def test_an_owner_that_shrank_and_grew_back_with_no_pod_deleted_fences_the_slice() -> None:
+    """The Job shrinks 4 -> 2 before its controller made pods 2 and 3 (no pod goes), Kueue
+    lowers the slice in place, and the Job grows back: the owner watch shows both changes, the
+    Workload watch neither. The owner's change alone must fence the slice."""
+    fake = FakeKube()
+    client = Lagging(fake)
+    j = fake.put(JOBS, job("train", parallelism=4, completions=4))
+    for i in range(2):
+        fake.put(PODS, job_pod(j, index=i, created=1 + i))
+    async with running(client, config()) as ctl:
+        wl = fake.put(WORKLOADS, workload(j, {"main": 4}, admitted={"main": 4}))
+        await eventually(lambda: live_released(fake) == 2, what="pods 0 and 1 released")
+        held = client.hold("workloads")
+        fake.put(JOBS, {**j, "spec": {**j["spec"], "parallelism": 2}})
+        lowered = fake.read(WORKLOADS, NAMESPACE, wl["metadata"]["name"]) or {}
+        lowered["spec"]["podSets"][0]["count"] = 2
+        fake.put(WORKLOADS, lowered)
+        grown = fake.put(JOBS, {**j, "spec": {**j["spec"], "parallelism": 4}})
+        key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
+        await eventually(
+            lambda: ctl.state.owner_rv.get(key.uid) == int(grown["metadata"]["resourceVersion"]),
+            what="the owner watch showed the Job grown back",
+        )
+        for i in (2, 3):
+            fake.put(PODS, job_pod(j, index=i, created=10 + i))
+        await eventually(
+            lambda: len(ctl.decisions[key].pod_sets[0].waiting) == 2, what="pods 2, 3 decided"
+        )
+        await holds_for(lambda: live_released(fake) == 2, 0.4, what="cap 2 of the lowered slice")
+        held.set()
+    assert peak_live_released(fake) == 2
+
+
 # -- 4. an owner whose size cannot be read -------------------------------------------------------
 
 
@@ -299,3 +343,39 @@ class _Merged:
             if name.startswith("ungater_") and name != "ungater_owner_facts":
                 setattr(self, name, getattr(job_plugin, name))
         self.ungater_owner_facts = _BrokenSize.ungater_owner_facts
+
+
+@pytest.mark.anyio
+async def test_an_unanswered_release_whose_fence_is_refused_stays_in_flight() -> None:
+    """As above, but a policy refuses the fence (our annotation) for good: the timed-out
+    release can still land at any time, so it keeps its slot, and the pod that comes first in
+    order waits instead of being released beside it."""
+    fake = FakeKube()
+    j = fake.put(JOBS, job("train", parallelism=2, completions=2))
+    idx1 = fake.put(PODS, job_pod(j, index=1, created=2))
+    client = LatePatches(fake, {idx1["metadata"]["name"]}, delay=1.5)
+    fences: list[str] = []
+
+    def policy(namespace: str, name: str) -> None:
+        if name == idx1["metadata"]["name"] and client.landing != name:
+            fences.append(name)
+            raise ApiError(403, "pods is forbidden: annotations are managed by the platform")
+
+    async with anyio.create_task_group() as landings:
+        client._tg = landings
+        async with running(client, config()) as ctl:
+            fake.put(WORKLOADS, workload(j, {"main": 2}, admitted={"main": 1}))
+            await eventually(lambda: ctl.stats.patch_errors == 1, what="the timed-out patch")
+            fake.before_patch = policy
+            fake.put(PODS, job_pod(j, index=0, created=1))
+            await eventually(lambda: len(fences) >= 1, what="a fence refused")
+            key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
+            await eventually(
+                lambda: key in ctl.decisions and ctl.decisions[key].pod_sets[0].in_flight == 1,
+                what="a decision counting the unanswered release",
+            )
+            assert live_released(fake) == 0
+            await eventually(lambda: client.landed, timeout=5, what="the late landing")
+            fake.before_patch = None
+            await holds_for(lambda: live_released(fake) == 1, 0.5, what="cap 1")
+    assert peak_live_released(fake) == 1
