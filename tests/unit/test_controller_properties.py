@@ -5,10 +5,10 @@ and the network: owners are admitted, grow (owner size first, a replacement slic
 old slice is finished a step before the new one is admitted) and shrink (owner size first, its
 victims, gated or released, deleted afterwards, the slice's count lowered in place later, and
 the owner may grow back at once); released pods fail and are replaced, gated ones are deleted
-now and then and recreated; another writer removes
-our gate now and then (as Kueue's own ungater would, within the cap); watches are delayed per
-stream, one stream of one replica is slow, one replica's pod watch is held now and then, and
-watches are cut, expired with 410 Gone and stalled; pod patches are refused (403/422), fail
+now and then and recreated; another writer removes our gate now and then (as Kueue's own
+ungater would, within the cap); watches are delayed per stream, one stream of one replica is
+slow, one replica's pod or Workload watch is held now and then, and watches are cut, expired
+with 410 Gone and stalled; pod patches are refused (403/422), fail
 (500) or time out, landing at once, after the client gave up, or never; and leadership moves
 between replicas (two or more ``Controller`` instances on the same fake, each with its own
 client, watches and ``LeaderElector``): a clean hand-over (stop, then the Lease handed back) or
