@@ -21,6 +21,24 @@ behaves as a real API server does where a controller can tell the difference:
 - deleting an object with finalizers only marks it terminating (``deletionTimestamp``); it goes
   when its last finalizer is removed (``finalize``).
 
+- each client of the server can be its own view (``client(name)``: a ``KubeClient`` whose watches
+  and patches carry its name), and one watch stream can lag alone (``lag_watches``: held back
+  until released, or delayed by a fixed time; chosen by resource, client and label selector),
+  so two pod watches of one pod disagree for as long as a test wants;
+- a pod patch can be refused (403 or 422 from an admission webhook: never committed), fail
+  (500: not committed) or time out (``PatchFault``): the client sees ``TimeoutError`` or a 504
+  after ``answer_after`` seconds, and the write commits at a time of the fault's choosing:
+  before the answer, after it (``lands_after``), when the test says (``LatePatch.land``), or
+  never. A patch sent with a server timeout (the request's ``timeout``, as the API server
+  honours it) never commits after that deadline has passed;
+- another writer can remove our gate (``foreign_release``), as Kueue's own ungater would;
+- every committed write is reported to ``observers`` (``Committed``: what, by whom, when the
+  request was sent), so a test can check an invariant after each one, not only after ours.
+
+Time is the running event loop's (``loop.time()``), so under ``VirtualTimeLoop`` every delay,
+lag and timeout here, and the controller's own timers, run on a virtual clock that only moves
+when every task waits: a loaded machine slows a test down but cannot change what it sees.
+
 Tests inject the rest: fail or delay patches (``before_patch``), drop events (``drop_events``).
 """
 
@@ -30,6 +48,7 @@ import asyncio
 import copy
 import itertools
 import random
+import selectors
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Collection, Mapping
@@ -39,7 +58,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from ungater._kube import ApiError, GoneError, Resource
+from ungater._kube import PODS, ApiError, GoneError, Resource
 
 _WAKE = object()  # wakes a watch so that it looks at its fault flag
 _POD_SPEC_MUTABLE = ("schedulingGates", "nodeSelector", "activeDeadlineSeconds", "tolerations")
@@ -160,14 +179,204 @@ def validate_pod_update(old: dict[str, Any], new: dict[str, Any]) -> None:
         )
 
 
+def _now() -> float:
+    """The running loop's clock (virtual under ``VirtualTimeLoop``), else the monotonic one."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
+
+
+class _VirtualSelector(selectors.DefaultSelector):
+    loop: VirtualTimeLoop | None = None
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        ready = super().select(0)
+        if ready or self.loop is None or (timeout is not None and timeout <= 0):
+            return ready
+        if timeout is None:
+            return super().select(None)  # nothing scheduled: only I/O (a thread) can wake us
+        self.loop.virtual_now += timeout  # nothing ready: jump to the next timer
+        return []
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """An asyncio loop whose clock is virtual: when no callback is ready and no I/O is waiting,
+    time jumps to the next timer instead of sleeping until it. Every ``sleep``, timeout and
+    ``call_later`` (the fake's delays, the controller's expectations, backoffs and silence
+    timeouts) then runs in virtual seconds: a run is as fast as its CPU work, and a loaded
+    machine cannot stretch one part of it against another (with wall time, a starved loop
+    lands a patch "late" or misses a deadline that the code under test never missed). Only for
+    code without threads: a thread's work would not hold the clock back."""
+
+    def __init__(self) -> None:
+        selector = _VirtualSelector()
+        super().__init__(selector)
+        self.virtual_now = 0.0
+        selector.loop = self
+
+    def time(self) -> float:
+        return self.virtual_now
+
+
+_watch_serial = itertools.count(1)
+
+
 @dataclass(eq=False)
 class _Watch:
     rkey: tuple[str, str]
     namespace: str | None
     selector: str
+    client: str = ""
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     last_due: float = 0.0
     fault: str = ""  # "cut", "gone" or "stall"
+    changed: asyncio.Event = field(default_factory=asyncio.Event)  # a fault or a lag released
+    serial: int = field(default_factory=lambda: next(_watch_serial))
+
+
+@dataclass(eq=False)
+class WatchLag:
+    """A lag on the watch streams it matches: held back (``delay`` None: nothing is delivered,
+    bookmarks neither, until ``release()``), or each event delayed by ``delay`` seconds more.
+    Chosen by ``plural``, ``client`` (the name given to ``FakeKube.client``) and a part of the
+    label ``selector``; with ``streams`` only the watches open when it was made (a reconnect
+    escapes it), else also those opened later. Order within a stream is kept either way."""
+
+    fake: FakeKube
+    plural: str | None
+    client: str | None
+    selector: str
+    delay: float | None
+    streams: frozenset[int] | None = None
+    released: bool = False
+
+    def matches(self, w: _Watch) -> bool:
+        return (
+            not self.released
+            and (self.plural is None or w.rkey[1] == self.plural)
+            and (self.client is None or w.client == self.client)
+            and self.selector in w.selector
+            and (self.streams is None or w.serial in self.streams)
+        )
+
+    def release(self) -> None:
+        """Let held events flow again (in order); later events are not delayed by it."""
+        self.released = True
+        if self in self.fake._lags:
+            self.fake._lags.remove(self)
+        for w in self.fake._watches:
+            w.changed.set()
+
+
+@dataclass(frozen=True)
+class PatchFault:
+    """What becomes of one pod patch instead of a plain success.
+
+    ``status``: what the client is told: 403 or 422 (an admission webhook's refusal), 500 (a
+    server error), 504 (the server's timeout), or None for the client's own ``TimeoutError``;
+    ``answer_after``: seconds before it is told. ``lands_after``: seconds from the request's
+    arrival until the write commits anyway (0: at once, the answer lost; more than
+    ``answer_after``: after the client gave up); None: it never commits on its own.
+    ``held``: kept in ``FakeKube.late_patches`` for the test to ``land()`` or ``drop()``."""
+
+    status: int | None
+    message: str = ""
+    answer_after: float = 0.0
+    lands_after: float | None = None
+    held: bool = False
+
+    @classmethod
+    def refused(cls, status: int = 403, message: str = "") -> PatchFault:
+        """An admission webhook said no: nothing is committed."""
+        return cls(
+            status,
+            message
+            or 'admission webhook "pods.policy.example.com" denied the request: '
+            "scheduling gates are managed by policy",
+        )
+
+    @classmethod
+    def errored(cls, status: int = 500) -> PatchFault:
+        """A server error before the write: nothing is committed."""
+        return cls(status, "Internal error occurred: etcdserver: leader changed")
+
+    @classmethod
+    def timed_out(
+        cls,
+        answer_after: float = 0.0,
+        lands_after: float | None = None,
+        *,
+        status: int | None = None,
+        held: bool = False,
+    ) -> PatchFault:
+        """The client gives up (``TimeoutError``, or a 504 with ``status``); the write may
+        commit before that, after it, when the test says, or never."""
+        message = "Timeout: request did not complete within requested timeout" if status else ""
+        return cls(status, message, answer_after, lands_after, held)
+
+
+@dataclass(eq=False)
+class LatePatch:
+    """A patch whose client was told it failed, while the server may still commit it.
+    ``state``: pending, landed, failed (it no longer applies: the pod changed or went),
+    expired (its server-side deadline passed first) or dropped."""
+
+    fake: FakeKube
+    resource: Resource
+    namespace: str
+    name: str
+    ops: list[dict[str, Any]]
+    client: str
+    sent_at: float
+    sent_rv: int
+    deadline: float | None = None  # the server's own request deadline, when the client sent one
+    state: str = "pending"
+
+    def land(self) -> dict[str, Any] | None:
+        """Commit it now, as the server would, if it still can; the written object or None."""
+        if self.state != "pending":
+            return None
+        if self.deadline is not None and _now() >= self.deadline:
+            self.state = "expired"  # the server abandoned the request at its deadline
+            return None
+        try:
+            out = self.fake._commit_patch(
+                self.resource,
+                self.namespace,
+                self.name,
+                self.ops,
+                f"late:{self.client}",
+                (self.sent_at, self.sent_rv),
+            )
+        except ApiError:
+            self.state = "failed"
+            return None
+        self.state = "landed"
+        return out
+
+    def drop(self) -> None:
+        """It never commits."""
+        if self.state == "pending":
+            self.state = "dropped"
+
+
+@dataclass(frozen=True)
+class Committed:
+    """One write the server committed, as ``FakeKube.observers`` see it. ``by``: "put" (a
+    test's own write, standing in for other controllers), "delete", "patch:<client>",
+    "late:<client>" (a patch committed after its client was told it failed), "foreign" or
+    "merge"; ``sent_at``, ``sent_rv``: when a patch's request arrived, and the newest
+    resourceVersion then (every write up to it came first); None for other writes."""
+
+    rv: int
+    plural: str
+    etype: str
+    obj: dict[str, Any]
+    old: dict[str, Any] | None
+    by: str
+    sent_at: float | None = None
+    sent_rv: int | None = None
 
 
 class FakeKube:
@@ -197,6 +406,7 @@ class FakeKube:
         self._watches: list[_Watch] = []
         self._clock = itertools.count(1)
         self.rng = random.Random(seed)
+        self._ids = random.Random(seed)  # UIDs and generated names: a seed replays them too
         self.max_delay = max_delay
         self.lag: Mapping[str, float] = dict(lag or {})
         self.bookmark_interval = bookmark_interval
@@ -208,6 +418,13 @@ class FakeKube:
         self.requests = 0
         self.watches_opened = 0
         self.lists = 0
+        self._lags: list[WatchLag] = []
+        # one-shot faults for the next matching pod patch: (pod name or None, client or None)
+        self._patch_faults: list[tuple[str | None, str | None, PatchFault]] = []
+        # asked for every pod patch no one-shot fault took: (namespace, name, client)
+        self.patch_policy: Callable[[str, str, str], PatchFault | None] | None = None
+        self.late_patches: list[LatePatch] = []
+        self.observers: list[Callable[[Committed], None]] = []
 
     # -- test helpers --------------------------------------------------------------------------
 
@@ -234,9 +451,10 @@ class FakeKube:
 
     def _push(self, w: _Watch, item: Any) -> None:
         lag = self.lag.get(w.rkey[1], 0.0)
+        lag += sum(x.delay for x in self._lags if x.delay is not None and x.matches(w))
         if self.max_delay > 0 or lag > 0:
             delay = lag + self.rng.uniform(0, self.max_delay)
-            due = max(w.last_due, time.monotonic() + delay)
+            due = max(w.last_due, _now() + delay)
         else:
             due = 0.0
         w.last_due = due
@@ -271,14 +489,35 @@ class FakeKube:
         With ``strict``, a pod update the API server would refuse raises ApiError(422)."""
         return self._write(resource, obj, validate=self.strict)
 
-    def _write(self, resource: Resource, obj: dict[str, Any], validate: bool) -> dict[str, Any]:
+    def _observe(
+        self,
+        resource: Resource | tuple[str, str],
+        etype: str,
+        obj: dict[str, Any],
+        old: dict[str, Any] | None,
+        by: str,
+        sent: tuple[float, int] | None,
+    ) -> None:
+        plural = resource[1] if isinstance(resource, tuple) else resource.plural
+        at, rv = sent if sent is not None else (None, None)
+        for observer in list(self.observers):
+            observer(Committed(self.rv, plural, etype, obj, old, by, at, rv))
+
+    def _write(
+        self,
+        resource: Resource,
+        obj: dict[str, Any],
+        validate: bool,
+        by: str = "put",
+        sent: tuple[float, int] | None = None,
+    ) -> dict[str, Any]:
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         ns = meta.get("namespace", "") if resource.namespaced else ""
         key = (*self._rkey(resource), ns, meta["name"])
         old = self.objects.get(key)
         if old is None:
-            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("uid", str(uuid.UUID(int=self._ids.getrandbits(128), version=4)))
             meta.setdefault("creationTimestamp", self._stamp())
             meta.pop("deletionTimestamp", None)  # only a delete marks an object terminating
         else:
@@ -299,9 +538,12 @@ class FakeKube:
             # the last finalizer went: the object goes with it
             self.objects.pop(key, None)
             self._emit(key[:2], ns, "DELETED", obj)
+            self._observe(resource, "DELETED", copy.deepcopy(obj), old, by, sent)
             return copy.deepcopy(obj)
         self.objects[key] = obj
-        self._emit(key[:2], ns, "ADDED" if old is None else "MODIFIED", obj, old)
+        etype = "ADDED" if old is None else "MODIFIED"
+        self._emit(key[:2], ns, etype, obj, old)
+        self._observe(resource, etype, copy.deepcopy(obj), old, by, sent)
         return copy.deepcopy(obj)
 
     def read(self, resource: Resource, ns: str, name: str) -> dict[str, Any] | None:
@@ -324,18 +566,20 @@ class FakeKube:
                 meta["deletionGracePeriodSeconds"] = 0
                 meta["resourceVersion"] = str(self.rv)
                 self._emit(key[:2], ns, "MODIFIED", obj, old)
+                self._observe(key[:2], "MODIFIED", copy.deepcopy(obj), old, "delete", None)
             return
         del self.objects[key]
         self.rv += 1
         meta["resourceVersion"] = str(self.rv)
         self._emit(key[:2], ns, "DELETED", obj)
+        self._observe(key[:2], "DELETED", copy.deepcopy(obj), None, "delete", None)
 
     def finalize(self, resource: Resource, ns: str, name: str) -> None:
         """Remove every finalizer (as their controllers would): a terminating object goes."""
         obj = self.read(resource, ns, name)
         if obj is not None and obj["metadata"].get("finalizers"):
             obj["metadata"]["finalizers"] = []
-            self._write(resource, obj, validate=False)
+            self._write(resource, obj, validate=False, by="finalize")
 
     def items(self, resource: Resource, ns: str | None = None) -> list[dict[str, Any]]:
         rk = self._rkey(resource)
@@ -356,8 +600,67 @@ class FakeKube:
             if (plural is None or w.rkey[1] == plural) and not w.fault:
                 w.fault = kind
                 w.queue.put_nowait((0.0, _WAKE))
+                w.changed.set()
                 hit += 1
         return hit
+
+    # -- views, lags, faults and other writers -------------------------------------------------
+
+    def client(self, name: str) -> FakeClient:
+        """A client of this server named ``name``: a ``KubeClient`` like the server itself,
+        whose watches ``lag_watches(client=name)`` can pick and whose patches ``fail_patch`` and
+        ``patch_policy`` see by that name (one per controller replica)."""
+        return FakeClient(self, name)
+
+    def lag_watches(
+        self,
+        plural: str | None = None,
+        *,
+        client: str | None = None,
+        selector: str = "",
+        delay: float | None = None,
+        open_only: bool = False,
+    ) -> WatchLag:
+        """Hold back (``delay`` None) or slow down the watches of ``plural`` opened by
+        ``client`` whose label selector contains ``selector``: one stream, while the others
+        of the same objects flow (see ``WatchLag``). ``open_only``: only the streams open now."""
+        streams = None
+        if open_only:
+            streams = frozenset(
+                w.serial
+                for w in self._watches
+                if WatchLag(self, plural, client, selector, None).matches(w)
+            )
+        lag = WatchLag(self, plural, client, selector, delay, streams)
+        self._lags.append(lag)
+        return lag
+
+    def open_watches(self, plural: str | None = None, client: str | None = None) -> list[str]:
+        """The label selectors of the open watches (of ``plural``, of ``client``)."""
+        return [
+            w.selector
+            for w in self._watches
+            if (plural is None or w.rkey[1] == plural) and (client is None or w.client == client)
+        ]
+
+    def fail_patch(
+        self, fault: PatchFault, name: str | None = None, client: str | None = None
+    ) -> None:
+        """The next pod patch of ``name`` (any, if None) from ``client`` (any) meets ``fault``."""
+        self._patch_faults.append((name, client, fault))
+
+    def foreign_release(self, namespace: str, name: str, gate: str) -> dict[str, Any] | None:
+        """Another writer removes ``gate`` from a pod at once (as Kueue's own ungater would),
+        with the same guarded patch a releaser sends; None when the pod or the gate is gone."""
+        obj = self.objects.get((*self._rkey(PODS), namespace, name))
+        if obj is None or gate not in _gate_names(obj):
+            return None
+        path = f"/spec/schedulingGates/{_gate_names(obj).index(gate)}"
+        ops = [
+            {"op": "test", "path": f"{path}/name", "value": gate},
+            {"op": "remove", "path": path},
+        ]
+        return self._write(PODS, apply_json_patch(obj, ops), validate=True, by="foreign")
 
     def cut_watches(self, plural: str | None = None) -> int:
         """Reset the open watch connections (undelivered events are lost with them)."""
@@ -403,7 +706,7 @@ class FakeKube:
         for start in range(0, max(len(items), 1), 500):  # pages as the API server cuts them
             yield items[start : start + 500], rv
 
-    async def watch(
+    def watch(
         self,
         resource: Resource,
         namespace: str | None,
@@ -412,13 +715,27 @@ class FakeKube:
         timeout_seconds: int = 300,
         silence_seconds: float = 90.0,
     ) -> AsyncIterator[dict[str, Any]]:
+        return self._watch(
+            resource, namespace, resource_version, label_selector, timeout_seconds, silence_seconds
+        )
+
+    async def _watch(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        resource_version: str,
+        label_selector: str = "",
+        timeout_seconds: float = 300,
+        silence_seconds: float = 90.0,
+        client: str = "",
+    ) -> AsyncIterator[dict[str, Any]]:
         self.requests += 1
         start = int(resource_version or 0)
         if start < self.compacted_rv:
             raise GoneError()
         self.watches_opened += 1
         rk = self._rkey(resource)
-        w = _Watch(rk, namespace, label_selector)
+        w = _Watch(rk, namespace, label_selector, client)
         for rv, hk, ns, etype, obj, old in self.history:
             if rv > start and hk == rk and (namespace is None or ns == namespace):
                 event = self._event_for(label_selector, etype, obj, old)
@@ -435,25 +752,37 @@ class FakeKube:
             self._watches.remove(w)
 
     async def _next(self, w: _Watch) -> dict[str, Any]:
-        """The watch's next event, once its delay has passed; raises on a fault."""
+        """The watch's next event, once its delay has passed and no lag holds it; raises on a
+        fault."""
         while True:
             await self._check_fault(w)
+            await self._unheld(w)
             if self.bookmark_interval is not None and w.queue.empty():
                 with anyio.move_on_after(self.bookmark_interval):
                     due, item = await w.queue.get()
                     break
-                if w.queue.empty() and not w.fault:
+                if w.queue.empty() and not w.fault and not self._held(w):
                     return self._bookmark_event()  # everything sent so far was delivered
                 continue
             due, item = await w.queue.get()
             break
-        wait = due - time.monotonic()
+        wait = due - _now()
         if wait > 0:
             await anyio.sleep(wait)
+        await self._check_fault(w)
+        await self._unheld(w)  # held since it was queued: it waits in hand, in order
         await self._check_fault(w)
         if item is _WAKE:
             return await self._next(w)
         return item  # type: ignore[no-any-return]
+
+    def _held(self, w: _Watch) -> bool:
+        return any(x.delay is None and x.matches(w) for x in self._lags)
+
+    async def _unheld(self, w: _Watch) -> None:
+        while self._held(w) and not w.fault:  # each pass waits for a release or a fault
+            w.changed = asyncio.Event()
+            await w.changed.wait()
 
     @staticmethod
     async def _check_fault(w: _Watch) -> None:
@@ -474,19 +803,68 @@ class FakeKube:
     async def json_patch(
         self, resource: Resource, namespace: str | None, name: str, ops: list[dict[str, Any]]
     ) -> dict[str, Any]:
+        return await self._json_patch(resource, namespace, name, ops)
+
+    async def _json_patch(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        ops: list[dict[str, Any]],
+        client: str = "",
+        server_timeout: float | None = None,
+    ) -> dict[str, Any]:
         self.requests += 1
         if self.before_patch is not None:
             result = self.before_patch(namespace or "", name)
             if asyncio.iscoroutine(result):
                 await result
         await anyio.lowlevel.checkpoint()
-        key = (*self._rkey(resource), namespace or "", name)
-        obj = self.objects.get(key)
+        ns, sent = namespace or "", (_now(), self.rv)
+        fault = self._fault_for(resource, ns, name, client)
+        if fault is None:
+            return self._commit_patch(resource, ns, name, ops, f"patch:{client}", sent)
+        if fault.lands_after is not None or fault.held:
+            deadline = None if server_timeout is None else sent[0] + server_timeout
+            late = LatePatch(self, resource, ns, name, ops, client, *sent, deadline)
+            self.late_patches.append(late)
+            if fault.lands_after is not None and fault.lands_after <= 0:
+                late.land()  # committed; only the answer is lost
+            elif fault.lands_after is not None:
+                asyncio.get_running_loop().call_later(fault.lands_after, late.land)
+        if fault.answer_after > 0:
+            await anyio.sleep(fault.answer_after)
+        if fault.status is None:
+            raise TimeoutError(f"patch of pod {ns}/{name} timed out (fake)")
+        raise ApiError(fault.status, fault.message, f'{{"message": "{fault.message}"}}')
+
+    def _fault_for(
+        self, resource: Resource, namespace: str, name: str, client: str
+    ) -> PatchFault | None:
+        if resource.plural != "pods" or resource.group:
+            return None
+        for entry in self._patch_faults:
+            want_name, want_client, fault = entry
+            if want_name in (None, name) and want_client in (None, client):
+                self._patch_faults.remove(entry)
+                return fault
+        return None if self.patch_policy is None else self.patch_policy(namespace, name, client)
+
+    def _commit_patch(
+        self,
+        resource: Resource,
+        namespace: str,
+        name: str,
+        ops: list[dict[str, Any]],
+        by: str,
+        sent: tuple[float, int] | None,
+    ) -> dict[str, Any]:
+        obj = self.objects.get((*self._rkey(resource), namespace, name))
         if obj is None:
             raise ApiError(404, "not found")
         patched = apply_json_patch(obj, ops)
-        out = self._write(resource, patched, validate=True)
-        self.patches.append((namespace or "", name, ops))
+        out = self._write(resource, patched, validate=True, by=by, sent=sent)
+        self.patches.append((namespace, name, ops))
         return out
 
     async def create(
@@ -497,7 +875,7 @@ class FakeKube:
         meta = body.setdefault("metadata", {})
         meta.setdefault("namespace", namespace or "")
         if not meta.get("name"):
-            meta["name"] = f"{meta.get('generateName', 'obj-')}{uuid.uuid4().hex[:5]}"
+            meta["name"] = f"{meta.get('generateName', 'obj-')}{self._ids.getrandbits(20):05x}"
         ns = meta["namespace"] if resource.namespaced else ""
         if (*self._rkey(resource), ns, meta["name"]) in self.objects:
             raise ApiError(
@@ -545,7 +923,7 @@ class FakeKube:
                 f"Operation cannot be fulfilled on {resource.plural} {name!r}: the object has "
                 "been modified; please apply your changes to the latest version and try again",
             )
-        return self._write(resource, apply_merge_patch(obj, body), validate=True)
+        return self._write(resource, apply_merge_patch(obj, body), validate=True, by="merge")
 
 
 def apply_merge_patch(target: Any, patch: Any) -> Any:
@@ -559,3 +937,73 @@ def apply_merge_patch(target: Any, patch: Any) -> Any:
         else:
             out[k] = apply_merge_patch(out.get(k), v)
     return out
+
+
+class FakeClient:
+    """One client's view of a ``FakeKube`` (``FakeKube.client``): the same ``KubeClient``,
+    but its watches and patches carry its name, so one replica's pod watch can lag alone and
+    its patches can be picked for faults."""
+
+    def __init__(self, fake: FakeKube, name: str) -> None:
+        self.fake = fake
+        self.name = name
+
+    async def list_objects(
+        self, resource: Resource, namespace: str | None, label_selector: str = ""
+    ) -> tuple[list[dict[str, Any]], str]:
+        return await self.fake.list_objects(resource, namespace, label_selector)
+
+    def list_pages(
+        self, resource: Resource, namespace: str | None, label_selector: str = ""
+    ) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
+        return self.fake.list_pages(resource, namespace, label_selector)
+
+    def watch(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        resource_version: str,
+        label_selector: str = "",
+        timeout_seconds: int = 300,
+        silence_seconds: float = 90.0,
+    ) -> AsyncIterator[dict[str, Any]]:
+        return self.fake._watch(
+            resource,
+            namespace,
+            resource_version,
+            label_selector,
+            timeout_seconds,
+            silence_seconds,
+            self.name,
+        )
+
+    async def get(
+        self, resource: Resource, namespace: str | None, name: str
+    ) -> dict[str, Any] | None:
+        return await self.fake.get(resource, namespace, name)
+
+    async def json_patch(
+        self, resource: Resource, namespace: str | None, name: str, ops: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        return await self.fake._json_patch(resource, namespace, name, ops, self.name)
+
+    async def create(
+        self, resource: Resource, namespace: str | None, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        return await self.fake.create(resource, namespace, body)
+
+    async def merge_patch(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        body: dict[str, Any],
+        subresource: str = "",
+    ) -> dict[str, Any]:
+        return await self.fake.merge_patch(resource, namespace, name, body, subresource)
+
+    async def served_versions(self, group: str) -> list[str]:
+        return await self.fake.served_versions(group)
+
+    async def close(self) -> None:
+        return None
