@@ -234,10 +234,13 @@ async def test_pod_deleted_while_being_patched(
         await eventually(lambda: count_pods(kube, ns, sel, 4), timeout=60, what="index 0 recreated")
         await holds_for(lambda: equals(released_indexes(kube, ns, sel), [1, 2, 3]), 1.0)
     assert wrappers[0].deleted
-    # the Job controller's tracking finalizer keeps the deleted pod terminating for a moment, so
-    # the patch may land on it (no release: it is being deleted, counted apart) or meet a 404
+    # the Job controller's tracking finalizer keeps the deleted pod terminating for a moment;
+    # the deletion changed its resourceVersion, so the patch, which tests the version it was
+    # decided on, is refused (422, a conflict), or meets a 404 once the pod is gone: it never
+    # lands on a pod that runs nothing
     assert ctl.stats.released == 3
-    assert ctl.stats.patch_gone + ctl.stats.released_deleting == 1
+    assert ctl.stats.patch_gone + ctl.stats.patch_conflicts >= 1
+    assert ctl.stats.released_deleting == 0
 
 
 async def test_two_hundred_workloads_scaling_at_once(
