@@ -4,10 +4,10 @@ programming error.
 The worker retries a failed reconcile with backoff and a watch restarts after a handler raised,
 so a bug that raises (a ``TypeError`` on a ``None``, a ``KeyError``) can end in the right pods
 released after a retry, and a test that checks only the end state passes. So every warning or
-error of the controller (``ungater.controller``) and of its watches (``ungater.reflector``) is
-searched for a bug: inside an exception group (the patches of a reconcile run in a task group),
-behind a ``PluginError`` (the registry wraps whatever a plugin raised), and along the chain of
-causes. An API error, a malformed object and a broken stream are the cluster's doing and end the
+error logged under ``ungater`` (the controller, its watches in ``ungater.reflector``, the Event
+recorder, the leader elector, ...) is searched for a bug: inside an exception group (the
+patches of a reconcile run in a task group), behind a ``PluginError`` (the registry wraps
+whatever a plugin raised), and along the chain of causes. An API error, a malformed object and a broken stream are the cluster's doing and end the
 search: the fake's 422 is raised *from* the ``KeyError`` that found the missing path.
 
 A test that injects such an error on purpose says so, and why, with
@@ -53,7 +53,7 @@ EXPECTED: tuple[type[BaseException], ...] = (
     UnicodeError,
 )
 
-WATCHED = ("ungater.controller", "ungater.reflector")
+WATCHED = ("ungater",)  # the controller, its watches, and every other part (events, leader, ...)
 _MAX_DEPTH = 50  # a chain or a group nests far less; bounds a cycle through __context__
 
 
