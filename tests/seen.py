@@ -10,8 +10,11 @@ and waits until one taken after the request is done (its patches included); only
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+import anyio
 
 from tests.polling import eventually
 from ungater._cache import OwnerKey
@@ -56,16 +59,33 @@ def owner_key(owner: Mapping[str, Any]) -> OwnerKey:
     return OwnerKey(owner["metadata"]["namespace"], owner["metadata"]["uid"])
 
 
-async def reconciled(ctl: Controller, key: OwnerKey, timeout: float = 10.0) -> Decision | None:
+async def reconciled(
+    ctl: Controller, key: OwnerKey, *, decided: bool = False, timeout: float = 10.0
+) -> Decision | None:
     """Queue ``key`` and wait until a reconcile of it taken after this call is done; the
-    owner's last decision (none while its expectations were pending)."""
-    ctl.queue.add(key)
-    await eventually(lambda: not ctl.queue.busy(key), timeout=timeout, what=f"a reconcile of {key}")
-    return ctl.decisions.get(key)
+    decision that reconcile made, or None if it made none (its expectations were pending).
+    With ``decided``, queue it again until one decides."""
+    deadline = time.monotonic() + timeout
+    for _ in range(1000):
+        before = ctl.decisions.get(key)
+        ctl.queue.add(key)
+        left = max(0.1, deadline - time.monotonic())
+        await eventually(lambda: not ctl.queue.busy(key), timeout=left, what=f"reconcile {key}")
+        after = ctl.decisions.get(key)
+        if after is not before and after is not None:
+            return after
+        if not decided:
+            return None
+        if time.monotonic() > deadline:
+            break
+        await anyio.sleep(0.05)
+    raise AssertionError(f"no reconcile of {key} decided within {timeout}s")
 
 
 def waiting(decision: Decision | None) -> dict[str, str]:
-    """The gated pods a decision keeps waiting, by name, with the reason it gives."""
+    """The gated pods a decision keeps waiting (in a pod set, or unmapped), by name, with the
+    reason it gives."""
     if decision is None:
         return {}
-    return {w.pod: w.reason for ps in decision.pod_sets for w in ps.waiting}
+    kept = [w for ps in decision.pod_sets for w in ps.waiting] + list(decision.unmapped)
+    return {w.pod: w.reason for w in kept}

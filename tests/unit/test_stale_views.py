@@ -164,7 +164,7 @@ async def at_cap_three(ctl: Controller, fake: FakeKube, j: dict[str, Any]) -> No
         ),
         what="the pods and the slice cached",
     )
-    decision = await reconciled(ctl, owner_key(j))
+    decision = await reconciled(ctl, owner_key(j), decided=True)
     assert set(waiting(decision)) == {pod_name(fake, 3), pod_name(fake, 4)}, decision
     assert len(live_released(fake)) == 3
 
@@ -193,7 +193,7 @@ async def test_scale_down_does_not_refill_slots_the_owner_gave_up() -> None:
             lambda: cache_holds(ctl, "jobs", [shrunk]) and cache_holds(ctl, "pods", [victim]),
             what="the shrink and the deletion seen",
         )
-        decision = await reconciled(ctl, owner_key(j))
+        decision = await reconciled(ctl, owner_key(j), decided=True)
         assert len(live_released(fake)) <= 2
         assert set(waiting(decision)) == {pod_name(fake, 3), pod_name(fake, 4)}, decision
         await holds_for(
@@ -215,7 +215,7 @@ async def test_slot_freed_after_the_cached_owner_is_refilled_only_after_a_fresh_
         shrunk, victim = shrink_to_two(fake, j)
         await eventually(lambda: cache_holds(ctl, "pods", [victim]), what="the deletion seen")
         assert not cache_holds(ctl, "jobs", [shrunk]), "the Job watch shows the shrink"
-        decision = await reconciled(ctl, owner_key(j))
+        decision = await reconciled(ctl, owner_key(j), decided=True)
         assert len(live_released(fake)) <= 2
         assert set(waiting(decision)) == {pod_name(fake, 3), pod_name(fake, 4)}, decision
         await holds_for(lambda: len(live_released(fake)) <= 2, 0.5, what="fresh owner read")
@@ -298,7 +298,7 @@ async def test_an_owner_grown_back_before_the_lowered_slice_is_seen_waits() -> N
         ]
         await eventually(lambda: cache_holds(ctl, "pods", new), what="the new pods cached")
         assert not cache_holds(ctl, "workloads", [lowered]), "the Workload watch shows the lowering"
-        decision = await reconciled(ctl, owner_key(j))
+        decision = await reconciled(ctl, owner_key(j), decided=True)
         assert len(live_released(fake)) <= 1
         assert set(waiting(decision)) == {p["metadata"]["name"] for p in new}, decision
         await holds_for(lambda: len(live_released(fake)) <= 1, 0.3, what="cap 1 until admitted")
