@@ -46,6 +46,11 @@ class WorkQueue(Generic[K]):
     def _wake(self) -> None:
         self._nonempty.set()  # single event loop: waking every getter is enough, they re-check
 
+    def busy(self, key: K) -> bool:
+        """Queued or being processed (a key waiting out a delay is neither): once a key added
+        now is not busy, a worker took it after the add and is done with it."""
+        return key in self._dirty or key in self._processing
+
     def add(self, key: K) -> None:
         if self._shutdown or key in self._dirty:
             return

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,7 +18,16 @@ from ungater._controller import Controller
 from ungater._kube import connect
 from ungater._registry import PluginRegistry
 
-pytestmark = pytest.mark.integration
+_HERE = Path(__file__).parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before the -m deselection reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test under tests/integration ``integration`` (a ``pytestmark`` in a conftest
+    applies to nothing), so ``-m "not integration"`` leaves them all out."""
+    for item in items:
+        if item.path.is_relative_to(_HERE):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture

@@ -2,14 +2,16 @@
 
 The cap may be one number for every pod seen, or one per owner (the pod's controller UID, or
 for JobSet pods the JobSet UID label). The watch survives API server restarts: it relists and
-goes on, so the invariant is checked through faults too.
+goes on, so the invariant is checked through faults too. A failure of the monitor's own code
+is not such a fault: it raises ``MonitorBroken`` out of ``monitoring``, so a test never goes on
+believing the cap is checked when the checks stopped.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
 import anyio
@@ -33,6 +35,10 @@ def controller_uid(pod: dict[str, Any]) -> str:
         if ref.get("controller"):
             return str(ref["uid"])
     return ""
+
+
+class MonitorBroken(Exception):
+    """The monitor's own code failed on what it saw: its cap checks stopped."""
 
 
 class CapMonitor:
@@ -80,13 +86,37 @@ class CapMonitor:
     def _see(self, obj: dict[str, Any]) -> None:
         self.history.setdefault(obj["metadata"]["name"], []).append(obj)
 
+    def _replace(self, items: list[dict[str, Any]]) -> None:
+        try:
+            self.pods = {p["metadata"]["uid"]: p for p in items}
+            for p in items:
+                self._see(p)
+            self.relists += 1
+            self.check()
+        except Exception as exc:
+            raise MonitorBroken(f"the monitor failed on a list: {exc!r}") from exc
+
+    def _apply(self, ev: dict[str, Any]) -> str:
+        """Apply one watch event and check the cap; the resourceVersion to resume from."""
+        try:
+            obj = ev["object"]
+            rv = str(obj["metadata"]["resourceVersion"])
+            if ev["type"] == "BOOKMARK":
+                return rv
+            self.events += 1
+            if ev["type"] == "DELETED":
+                self.pods.pop(obj["metadata"]["uid"], None)
+            else:
+                self.pods[obj["metadata"]["uid"]] = obj
+                self._see(obj)
+            self.check()
+            return rv
+        except Exception as exc:
+            raise MonitorBroken(f"the monitor failed on a {ev.get('type')} event: {exc!r}") from exc
+
     async def _list(self) -> str:
         items, rv = await self.kube.client.list_objects(PODS, self.ns, self.selector)
-        self.pods = {p["metadata"]["uid"]: p for p in items}
-        for p in items:
-            self._see(p)
-        self.relists += 1
-        self.check()
+        self._replace(items)
         return rv
 
     async def run(self) -> None:
@@ -94,24 +124,21 @@ class CapMonitor:
         self.synced.set()
         for _ in range(1000):  # each round is one watch; bounded, and tests are far shorter
             try:
-                async for ev in self.kube.client.watch(PODS, self.ns, rv, self.selector, 60, 120):
-                    obj = ev["object"]
-                    rv = obj["metadata"]["resourceVersion"]
-                    if ev["type"] == "BOOKMARK":
-                        continue
-                    self.events += 1
-                    if ev["type"] == "DELETED":
-                        self.pods.pop(obj["metadata"]["uid"], None)
-                    else:
-                        self.pods[obj["metadata"]["uid"]] = obj
-                        self._see(obj)
-                    self.check()
+                stream: Any = self.kube.client.watch(PODS, self.ns, rv, self.selector, 60, 120)
+                async with aclosing(stream):  # closed here, in this task, even on a failure
+                    async for ev in stream:
+                        rv = self._apply(ev)
+            except MonitorBroken:
+                raise  # its own failure: no relist hides it
             except Exception:  # the API server restarts under some tests: relist and go on
                 await anyio.sleep(0.2)
                 try:
                     rv = await self._list()
+                except MonitorBroken:
+                    raise
                 except Exception:
                     continue
+        raise MonitorBroken("the monitor ran out of watch rounds: its checks stopped")
 
     def released(self) -> list[dict[str, Any]]:
         return live_released(list(self.pods.values()), self.gate)

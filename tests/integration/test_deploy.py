@@ -3,9 +3,11 @@ template``) and the plain manifests pass a strict server-side dry run, and the c
 applied for real and bound to a client-certificate user, is enough to run the controller through
 a release and too little to delete pods or read secrets.
 
-helm is built from its Go module (``ungater_devtools.devcluster.helm``). When it cannot be had, the
-chart tests skip with the reason, and the RBAC tests take the roles from the committed plain
-manifests instead, which the chart tests otherwise prove equal to the chart's output.
+helm is built from its Go module (``ungater_devtools.devcluster.helm``). When it cannot be had,
+the chart tests fail under ``CI=true`` (as the control plane does: a CI that silently skips the
+chart checks is worse than a red one); elsewhere they skip with the reason, and the RBAC tests
+take the roles from the committed plain manifests instead, which the chart tests otherwise
+prove equal to the chart's output.
 """
 
 from __future__ import annotations
@@ -79,12 +81,16 @@ def anyio_backend() -> str:
 # -- helm -------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def helm(request: pytest.FixtureRequest) -> Path:
-    """The helm binary (built once into the cache), or a skip that says why."""
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}
+
+
+def helm_for_tests(config: pytest.Config) -> Path:
+    """The helm binary (built once into the cache); fails under CI=true, else skips, when
+    it cannot be had."""
     mode = os.environ.get("UNGATER_CONTROL_PLANE", "").strip().lower()
-    reporter: Any = request.config.pluginmanager.getplugin("terminalreporter")
-    capture: Any = request.config.pluginmanager.getplugin("capturemanager")
+    reporter: Any = config.pluginmanager.getplugin("terminalreporter")
+    capture: Any = config.pluginmanager.getplugin("capturemanager")
     notes: list[str] = []
 
     def say(message: str) -> None:
@@ -100,11 +106,22 @@ def helm(request: pytest.FixtureRequest) -> Path:
         else:
             found = helm_tool.ensure_helm(build=mode != "reuse", log=say)
     if found is None:
+        why = "; ".join(notes) or "no reason given"
+        if in_ci():
+            pytest.fail(
+                f"helm is unavailable under CI=true (`make helm` builds it): {why}", pytrace=False
+            )
         pytest.skip(
             "helm is unavailable, so the chart is not checked (the plain manifests in "
-            f"deploy/manifests still are): {'; '.join(notes) or 'no reason given'}"
+            f"deploy/manifests still are): {why}"
         )
     return found
+
+
+@pytest.fixture(scope="module")
+def helm(request: pytest.FixtureRequest) -> Path:
+    """The helm binary, or a failure (CI) or a skip that says why."""
+    return helm_for_tests(request.config)
 
 
 def render(helm: Path, namespace: str = NAMESPACE, **values: Any) -> list[dict[str, Any]]:
@@ -352,11 +369,16 @@ def test_chart_objects_pass_a_strict_server_side_dry_run(
 
 
 def rbac_source() -> tuple[list[dict[str, Any]], str]:
-    """The rendered chart if helm can be had, else the plain manifests (and which it is)."""
+    """The rendered chart if helm can be had, else (not under CI=true) the plain manifests, and
+    which it is."""
     build = os.environ.get("UNGATER_CONTROL_PLANE", "").strip().lower() != "reuse"
     path = helm_tool.find_helm() or helm_tool.ensure_helm(build=build)
     if path is not None:
         return render(path), "the chart"
+    if in_ci():
+        pytest.fail(
+            "helm is unavailable under CI=true: the chart's RBAC is not checked", pytrace=False
+        )
     return plain_objects(), "deploy/manifests (helm unavailable)"
 
 

@@ -32,6 +32,8 @@ from tests.integration.realpeers import (
 )
 from tests.objects import PODS, WORKLOADS, gates_of
 from tests.polling import eventually
+from tests.seen import cache_holds, owner_key, reconciled, waiting
+from ungater._controller import Controller
 from ungater._kube import Resource
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -189,6 +191,20 @@ async def autoscale(
     await kube.json_patch(RAYCLUSTERS, ns, rc["metadata"]["name"], ops)
 
 
+async def kept_gated(
+    ctl: Controller, kube: Kube, ns: str, owner: dict[str, Any], rc: dict[str, Any], n: int
+) -> None:
+    """The controller has seen the RayCluster's pods as they are now, and a decision made after
+    that keeps the ``n`` pods still carrying our gate waiting, each with a reason."""
+    pods = await live_pods(kube, ns, rc)
+    gated = {p["metadata"]["name"] for p in pods if UNGATER_GATE in gates_of(p)}
+    assert len(gated) == n, f"gated: {sorted(gated)}"
+    await eventually(lambda: cache_holds(ctl, "pods", pods), timeout=30, what="pods cached")
+    decision = await reconciled(ctl, owner_key(owner), decided=True, timeout=30)
+    kept = waiting(decision)
+    assert gated <= set(kept), f"gated {sorted(gated)}, the decision keeps {kept}"
+
+
 def by_replica_index(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     workers = [p for p in pods if kueue_pod_set(p) == "workers"]
     return sorted(
@@ -202,7 +218,7 @@ async def test_rayjob_scales_within_the_real_quota_through_its_raycluster(
 ) -> None:
     ns = kueue_namespace
     cfg = config_for(ns, gate=UNGATER_GATE, kinds=KINDS)
-    async with running_controller(kueue_cluster.kubeconfig_path, cfg):
+    async with running_controller(kueue_cluster.kubeconfig_path, cfg) as ctl:
         job = await kueue_kube.create(RAYJOBS, ns, ray_job("train", 2))
         assert job["spec"].get("suspend") is True, "Kueue's webhook suspends a queued RayJob"
         rc = await cluster_of(kueue_kube, ns, job)
@@ -227,6 +243,7 @@ async def test_rayjob_scales_within_the_real_quota_through_its_raycluster(
             await eventually(
                 lambda: n_workers(kueue_kube, ns, rc, 8), timeout=30, what="8 worker pods"
             )
+            await kept_gated(ctl, kueue_kube, ns, job, rc, 4)
             await w.settle("8 workers, beyond quota", expect={"head": 1, "workers": 4})
             # the autoscaler shrinks to 2, naming its victims: two released, four gated
             victims = by_replica_index(await live_pods(kueue_kube, ns, rc))[2:]
@@ -253,7 +270,7 @@ async def test_a_pod_under_a_lookalike_raycluster_is_never_released(
     ones and stays gated while they go."""
     ns = kueue_namespace
     cfg = config_for(ns, gate=UNGATER_GATE, kinds=KINDS)
-    async with running_controller(kueue_cluster.kubeconfig_path, cfg):
+    async with running_controller(kueue_cluster.kubeconfig_path, cfg) as ctl:
         job = await kueue_kube.create(RAYJOBS, ns, ray_job("lookalike", 1))
         rc = await cluster_of(kueue_kube, ns, job)
         decoy_spec = {**cluster_spec(0), "suspend": True}
@@ -301,11 +318,13 @@ async def test_a_pod_under_a_lookalike_raycluster_is_never_released(
                 "containers": [{"name": "ray", "image": "registry.invalid/ray:2"}],
             },
         }
-        await kueue_kube.create(PODS, ns, impostor)
+        impostor = await kueue_kube.create(PODS, ns, impostor)
         # room for one more worker: KubeRay (which counts its pods by label) creates none, as
         # the impostor looks like one; Kueue admits the larger slice; the free slot must not
         # go to the impostor
         await autoscale(kueue_kube, ns, rc, 2)
+
+        admitted: list[dict[str, Any]] = []
 
         async def admitted_two() -> bool:
             for wl in await kueue_kube.list(WORKLOADS, ns):
@@ -318,10 +337,21 @@ async def test_a_pod_under_a_lookalike_raycluster_is_never_released(
                     and counts.get("workers") == 2
                     and conds.get("Admitted") == "True"
                 ):
+                    admitted[:] = [wl]
                     return True
             return False
 
         await eventually(admitted_two, timeout=60, what="the slice for 2 workers admitted")
+        # the controller has the admitted slice and the impostor, and decided after that
+        await eventually(
+            lambda: (
+                cache_holds(ctl, "workloads", admitted) and cache_holds(ctl, "pods", [impostor])
+            ),
+            timeout=30,
+            what="the admitted slice and the impostor cached",
+        )
+        decision = await reconciled(ctl, owner_key(job), decided=True, timeout=30)
+        assert "impostor" in waiting(decision), decision
         await anyio.sleep(2.0)
         pod = await kueue_kube.get(PODS, ns, "impostor")
         assert pod is not None, "the garbage collector keeps it: its owner exists"
@@ -339,7 +369,7 @@ async def test_rayservice_is_admitted_and_released_through_its_raycluster(
     no new slice: the surplus stays gated."""
     ns = kueue_namespace
     cfg = config_for(ns, gate=UNGATER_GATE, kinds=KINDS)
-    async with running_controller(kueue_cluster.kubeconfig_path, cfg):
+    async with running_controller(kueue_cluster.kubeconfig_path, cfg) as ctl:
         svc = await kueue_kube.create(RAYSERVICES, ns, ray_service("serve", 2))
         rc = await cluster_of(kueue_kube, ns, svc)
         ref = next(r for r in rc["metadata"]["ownerReferences"] if r.get("controller"))
@@ -350,6 +380,7 @@ async def test_rayservice_is_admitted_and_released_through_its_raycluster(
             await eventually(
                 lambda: n_workers(kueue_kube, ns, rc, 3), timeout=30, what="3 worker pods"
             )
+            await kept_gated(ctl, kueue_kube, ns, svc, rc, 1)
             await w.settle("3 workers, no new slice", expect={"head": 1, "workers": 2})
         slices = [
             wl

@@ -29,6 +29,8 @@ from tests.integration.realpeers import (
 from tests.integration.test_real_jobs import index, job_size, pending_slice
 from tests.objects import JOBS, PODS, WORKLOADS, gates_of
 from tests.polling import eventually
+from tests.seen import cache_holds, owner_key, reconciled, waiting
+from ungater._controller import Controller
 from ungater_devtools.devcluster.peers import queued_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -44,16 +46,39 @@ def guarded(kueue_cluster: Any, kueue_namespace: str) -> Iterator[None]:
         yield
 
 
+async def pods_of(kube: Kube, ns: str, job: dict[str, Any]) -> list[dict[str, Any]]:
+    return await kube.list(PODS, ns, f"batch.kubernetes.io/controller-uid={job['metadata']['uid']}")
+
+
 async def released(kube: Kube, ns: str, job: dict[str, Any]) -> list[int]:
-    pods = await kube.list(PODS, ns, f"batch.kubernetes.io/controller-uid={job['metadata']['uid']}")
+    pods = await pods_of(kube, ns, job)
     return sorted(index(p) for p in pods if is_live(p) and KUEUE_GATE not in gates_of(p))
 
 
-async def steady(kube: Kube, ns: str, job: dict[str, Any], want: list[int]) -> None:
-    """``want`` released, and still so a second later (nobody releases more)."""
+async def seen_and_decided(ctl: Controller, kube: Kube, ns: str, job: dict[str, Any]) -> Any:
+    """The controller has the Job's live pods as they are now, and a reconcile taken after that
+    is done: its decision (a stood-down kind's audit decision too)."""
+    pods = [p for p in await pods_of(kube, ns, job) if is_live(p)]  # the ending ones may go
+    await eventually(lambda: cache_holds(ctl, "pods", pods), timeout=30, what="pods cached")
+    return await reconciled(ctl, owner_key(job), decided=True, timeout=30)
+
+
+async def steady(
+    ctl: Controller, kube: Kube, ns: str, job: dict[str, Any], want: list[int]
+) -> None:
+    """``want`` released; the controller has seen that and keeps every other live pod waiting
+    (with a reason), and a second later nobody (Kueue included) has released more."""
     await eventually(
         lambda: _equal(released(kube, ns, job), want), timeout=60, what=f"released {want}"
     )
+    decision = await seen_and_decided(ctl, kube, ns, job)
+    gated = {
+        p["metadata"]["name"]
+        for p in await pods_of(kube, ns, job)
+        if is_live(p) and KUEUE_GATE in gates_of(p)
+    }
+    assert gated <= set(waiting(decision)), f"gated {sorted(gated)}, decided {decision}"
+    assert await released(kube, ns, job) == want
     await anyio.sleep(1.0)
     assert await released(kube, ns, job) == want
 
@@ -111,17 +136,19 @@ async def test_ungater_releases_kueues_gate_alone_under_the_policy(
         async with anyio.create_task_group() as tg:
             for res, name in ((PODS, "pod"), (WORKLOADS, "workload"), (JOBS, "owner")):
                 tg.start_soon(watch._watch, res, name)
-            await steady(kueue_kube, ns, job, [0, 1])
+            await steady(ctl, kueue_kube, ns, job, [0, 1])
             await scale(kueue_kube, ns, 4)
-            await steady(kueue_kube, ns, job, [0, 1, 2, 3])
+            await steady(ctl, kueue_kube, ns, job, [0, 1, 2, 3])
             # beyond the quota of 4 CPUs: the scale-up slice waits, so do the new pods
             await scale(kueue_kube, ns, 6)
             await eventually(lambda: pending_slice(kueue_kube, ns), timeout=30, what="pending")
-            await steady(kueue_kube, ns, job, [0, 1, 2, 3])
+            await eventually(lambda: _live_count(kueue_kube, ns, job, 6), timeout=30, what="6 pods")
+            await steady(ctl, kueue_kube, ns, job, [0, 1, 2, 3])
             await scale(kueue_kube, ns, 3)
             await eventually(
                 lambda: _released_count(kueue_kube, ns, job, 3), timeout=60, what="3 released"
             )
+            await seen_and_decided(ctl, kueue_kube, ns, job)
             await anyio.sleep(1.0)
             tg.cancel_scope.cancel()
         violations = watch.replay(KUEUE_GATE)
@@ -134,6 +161,10 @@ async def test_ungater_releases_kueues_gate_alone_under_the_policy(
 
 async def _released_count(kube: Kube, ns: str, job: dict[str, Any], n: int) -> bool:
     return len(await released(kube, ns, job)) == n
+
+
+async def _live_count(kube: Kube, ns: str, job: dict[str, Any], n: int) -> bool:
+    return sum(1 for p in await pods_of(kube, ns, job) if is_live(p)) == n
 
 
 @pytest.mark.kueue_quota(cpu=4)
@@ -168,6 +199,9 @@ async def test_beside_the_real_kueue_without_the_policy_ungater_stands_down(
         await eventually(
             lambda: _released_count(kueue_kube, ns, job, 4), timeout=60, what="Kueue releases 4"
         )
+        # the controller has seen Kueue's fourth release and audited after it
+        await seen_and_decided(ctl, kueue_kube, ns, job)
+        assert ctl.stats.released == patched, "a stood-down kind patches nothing"
         await anyio.sleep(2.0)
         assert ctl.stats.released == patched, "a stood-down kind patches nothing"
         assert any("stood down" in line.lower() for line in ctl.status_lines()), ctl.status_lines()

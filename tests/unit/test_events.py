@@ -265,6 +265,7 @@ async def test_close_gives_up_on_a_backlog_after_its_timeout() -> None:
     assert rec.stats == {"dropped_closed": 2}
 
 
+@pytest.mark.injects(AttributeError, reason="record() is given None for the object on purpose")
 def test_bad_input_is_dropped_not_raised() -> None:
     rec = recorder(FakeKube())
     assert rec.record(WL, "Info", RELEASED, "x") is False

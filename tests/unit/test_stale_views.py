@@ -4,6 +4,10 @@ Each test holds back one watch stream (its events keep their order, as a real st
 but arrive late) to open exactly the window a real cluster opens now and then: a JobSet's pods
 seen first through the Job kind's pod watch, a Job's shrink seen after the pod deletions it
 caused, a foreign release the pod watch has not shown yet.
+
+Before asserting that nothing was released, each test waits until the controller's caches hold
+the state it must not act on and a reconcile of the owner taken after that is done
+(``tests/seen.py``), so a slow controller cannot pass for a correct one.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from tests.fakekube import FakeKube
 from tests.lagging import Lagging
 from tests.objects import JOBS, WORKLOADS
 from tests.polling import eventually, holds_for
+from tests.seen import cache_holds, cache_lacks, owner_key, reconciled, waiting
 from tests.unit.podfactory import (
     GATE,
     NAMESPACE,
@@ -102,11 +107,25 @@ async def test_jobset_pod_seen_first_through_the_job_watch_is_not_released_twice
     async with running(client, config(("batch", "Job"), ("jobset.x-k8s.io", "JobSet"))) as ctl:
         fake.put(WORKLOADS, workload(js, {"workers": 6}, admitted={"workers": 1}))
         await eventually(lambda: pod_patches(fake) == 1, what="the first release")
+        first = [p for p in fake.items(PODS, NAMESPACE) if GATE not in str(p["spec"])]
         # the Job watch shows the release at once; the JobSet watch holds it back
+        await eventually(
+            lambda: cache_holds(ctl, "pods", first, job_plugin.CONTROLLER_UID_LABEL),
+            what="the release seen through the Job kind's pod watch",
+        )
+        assert not cache_holds(ctl, "pods", first, jobset_plugin.JOBSET_UID_LABEL), "no lag"
+        await reconciled(ctl, owner_key(js))  # on the early view
+        assert pod_patches(fake) == 1, "a re-patch of a stale view"
         await holds_for(lambda: pod_patches(fake) == 1, 0.5, what="no re-patch of a stale view")
         assert len(live_released(fake)) == 1
         assert ctl.stats.foreign_releases == 0
         held.set()
+        await eventually(
+            lambda: cache_holds(ctl, "pods", first, jobset_plugin.JOBSET_UID_LABEL),
+            what="the JobSet kind's pod watch caught up",
+        )
+        await reconciled(ctl, owner_key(js))
+        assert len(live_released(fake)) == 1
         await holds_for(lambda: len(live_released(fake)) == 1, 0.3, what="cap 1 once caught up")
         assert pod_patches(fake) == 1
         assert ctl.stats.foreign_releases == 0
@@ -122,13 +141,42 @@ def shrinking_job(fake: FakeKube) -> dict[str, Any]:
     return j
 
 
-def pod_name(fake: FakeKube, index: int) -> str:
+def pod_at(fake: FakeKube, index: int) -> dict[str, Any]:
     return next(
-        p["metadata"]["name"]
+        p
         for p in fake.items(PODS, NAMESPACE)
         if p["metadata"]["annotations"].get("batch.kubernetes.io/job-completion-index")
         == str(index)
     )
+
+
+def pod_name(fake: FakeKube, index: int) -> str:
+    return str(pod_at(fake, index)["metadata"]["name"])
+
+
+async def at_cap_three(ctl: Controller, fake: FakeKube, j: dict[str, Any]) -> None:
+    """The controller has seen the shrinking Job's pods and slice and keeps pods 3 and 4
+    gated."""
+    await eventually(
+        lambda: (
+            cache_holds(ctl, "pods", fake.items(PODS, NAMESPACE))
+            and cache_holds(ctl, "workloads", fake.items(WORKLOADS, NAMESPACE))
+        ),
+        what="the pods and the slice cached",
+    )
+    decision = await reconciled(ctl, owner_key(j), decided=True)
+    assert set(waiting(decision)) == {pod_name(fake, 3), pod_name(fake, 4)}, decision
+    assert len(live_released(fake)) == 3
+
+
+def shrink_to_two(fake: FakeKube, j: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Job shrinks to 2 and its controller deletes pod 0 (terminating: it keeps the Job's
+    finalizer): the Job and the victim as they are now."""
+    shrunk = fake.put(JOBS, {**j, "spec": {**j["spec"], "parallelism": 2}})
+    fake.delete(PODS, NAMESPACE, pod_name(fake, 0))
+    victim = pod_at(fake, 0)
+    assert victim["metadata"].get("deletionTimestamp")
+    return shrunk, victim
 
 
 @pytest.mark.anyio
@@ -138,10 +186,16 @@ async def test_scale_down_does_not_refill_slots_the_owner_gave_up() -> None:
     own size."""
     fake = FakeKube()
     j = shrinking_job(fake)
-    async with running(fake, config(("batch", "Job"))):
-        await holds_for(lambda: len(live_released(fake)) == 3, 0.2, what="cap 3 reached")
-        fake.put(JOBS, {**j, "spec": {**j["spec"], "parallelism": 2}})
-        fake.delete(PODS, NAMESPACE, pod_name(fake, 0))  # the Job controller's first victim
+    async with running(fake, config(("batch", "Job"))) as ctl:
+        await at_cap_three(ctl, fake, j)
+        shrunk, victim = shrink_to_two(fake, j)  # the Job controller's first victim
+        await eventually(
+            lambda: cache_holds(ctl, "jobs", [shrunk]) and cache_holds(ctl, "pods", [victim]),
+            what="the shrink and the deletion seen",
+        )
+        decision = await reconciled(ctl, owner_key(j), decided=True)
+        assert len(live_released(fake)) <= 2
+        assert set(waiting(decision)) == {pod_name(fake, 3), pod_name(fake, 4)}, decision
         await holds_for(
             lambda: len(live_released(fake)) <= 2, 0.5, what="never more than the Job's 2"
         )
@@ -155,13 +209,20 @@ async def test_slot_freed_after_the_cached_owner_is_refilled_only_after_a_fresh_
     fake = FakeKube()
     client = Lagging(fake)
     j = shrinking_job(fake)
-    async with running(client, config(("batch", "Job"))):
-        await holds_for(lambda: len(live_released(fake)) == 3, 0.2, what="cap 3 reached")
+    async with running(client, config(("batch", "Job"))) as ctl:
+        await at_cap_three(ctl, fake, j)
         held = client.hold("jobs")
-        fake.put(JOBS, {**j, "spec": {**j["spec"], "parallelism": 2}})
-        fake.delete(PODS, NAMESPACE, pod_name(fake, 0))
+        shrunk, victim = shrink_to_two(fake, j)
+        await eventually(lambda: cache_holds(ctl, "pods", [victim]), what="the deletion seen")
+        assert not cache_holds(ctl, "jobs", [shrunk]), "the Job watch shows the shrink"
+        decision = await reconciled(ctl, owner_key(j), decided=True)
+        assert len(live_released(fake)) <= 2
+        assert set(waiting(decision)) == {pod_name(fake, 3), pod_name(fake, 4)}, decision
         await holds_for(lambda: len(live_released(fake)) <= 2, 0.5, what="fresh owner read")
         held.set()
+        await eventually(lambda: cache_holds(ctl, "jobs", [shrunk]), what="the shrink seen")
+        await reconciled(ctl, owner_key(j))
+        assert len(live_released(fake)) <= 2
         await holds_for(lambda: len(live_released(fake)) <= 2, 0.2, what="after the watch")
         # the Job grows back while the slot is still free: the freed slot is refilled
         fake.put(JOBS, {**j, "spec": {**j["spec"], "parallelism": 5}})
@@ -186,7 +247,12 @@ async def test_a_refused_patch_backs_off_and_counts_one_foreign_release() -> Non
     fake.before_patch = rogue
     async with running(client, config(("batch", "Job"))) as ctl:
         fake.put(WORKLOADS, workload(j, {"main": 2}, admitted={"main": 1}))
-        await anyio.sleep(1.0)
+        start = anyio.current_time()
+        await eventually(
+            lambda: ctl.stats.patch_conflicts >= 2 and ctl.stats.foreign_releases == 1,
+            what="the refused patch retried and the foreign release counted",
+        )
+        await anyio.sleep(max(0.0, start + 1.0 - anyio.current_time()))  # a 1 s window
         refused = pod_patches(fake)
         assert ctl.stats.patch_conflicts >= 2, "the refused patch is retried"
         assert ctl.stats.patch_conflicts <= 8, f"{ctl.stats.patch_conflicts} retries in 1 s"
@@ -200,23 +266,46 @@ async def test_a_refused_patch_backs_off_and_counts_one_foreign_release() -> Non
 async def test_an_owner_grown_back_before_the_lowered_slice_is_seen_waits() -> None:
     """The Job shrinks 4 -> 1, its released pods go, Kueue lowers the slice to 1 in place, and
     the Job grows back to 4 (a replacement slice pending) while the Workload watch still shows
-    the slice at 4: the three new pods must wait for the new admission."""
-    fake = FakeKube(lag={"workloads": 1.5})
+    the slice at 4: the three new pods must wait for the new admission. The Workload watch is
+    held (not merely late) until the controller has decided on the new pods, so a slow
+    controller cannot wait the window out."""
+    fake = FakeKube()
+    client = Lagging(fake)
     j = fake.put(JOBS, job("train", parallelism=4, completions=4))
     pods = [fake.put(PODS, release(job_pod(j, index=i, created=1 + i))) for i in range(4)]
-    fake.put(WORKLOADS, workload(j, {"main": 4}, admitted={"main": 4}))
-    async with running(fake, config(("batch", "Job"))):
-        await anyio.sleep(0.2)
-        fake.put(JOBS, {**j, "spec": {**j["spec"], "parallelism": 1}})
+    wl = fake.put(WORKLOADS, workload(j, {"main": 4}, admitted={"main": 4}))
+    async with running(client, config(("batch", "Job"))) as ctl:
+        await eventually(
+            lambda: cache_holds(ctl, "pods", pods) and cache_holds(ctl, "workloads", [wl]),
+            what="the released pods and the slice cached",
+        )
+        held = client.hold("workloads")
+        shrunk = fake.put(JOBS, {**j, "spec": {**j["spec"], "parallelism": 1}})
         for p in pods[1:]:
             fake.finalize(PODS, NAMESPACE, p["metadata"]["name"])
             fake.delete(PODS, NAMESPACE, p["metadata"]["name"])
-        fake.put(WORKLOADS, workload(j, {"main": 1}, admitted={"main": 4}))  # lowered in place
-        await anyio.sleep(0.2)
+        lowered = fake.put(WORKLOADS, workload(j, {"main": 1}, admitted={"main": 4}))  # in place
+        await eventually(
+            lambda: (
+                cache_lacks(ctl, "pods", [p["metadata"]["uid"] for p in pods[1:]])
+                and cache_holds(ctl, "jobs", [shrunk])
+            ),
+            what="the shrink and the deletions seen",
+        )
         fake.put(JOBS, {**j, "spec": {**j["spec"], "parallelism": 4}})
-        for i in range(1, 4):
-            fake.put(PODS, job_pod(j, index=i, created=10 + i, seed="again"))
-        await holds_for(lambda: len(live_released(fake)) <= 1, 1.0, what="cap 1 until admitted")
+        new = [
+            fake.put(PODS, job_pod(j, index=i, created=10 + i, seed="again")) for i in range(1, 4)
+        ]
+        await eventually(lambda: cache_holds(ctl, "pods", new), what="the new pods cached")
+        assert not cache_holds(ctl, "workloads", [lowered]), "the Workload watch shows the lowering"
+        decision = await reconciled(ctl, owner_key(j), decided=True)
+        assert len(live_released(fake)) <= 1
+        assert set(waiting(decision)) == {p["metadata"]["name"] for p in new}, decision
+        await holds_for(lambda: len(live_released(fake)) <= 1, 0.3, what="cap 1 until admitted")
+        held.set()
+        await eventually(lambda: cache_holds(ctl, "workloads", [lowered]), what="lowering seen")
+        await reconciled(ctl, owner_key(j))
+        assert len(live_released(fake)) <= 1
 
 
 @pytest.mark.anyio
@@ -238,7 +327,12 @@ async def test_a_pod_that_ended_before_the_view_showed_our_release_is_not_repatc
         ended["status"]["phase"] = "Failed"
         fake.put(PODS, ended)
         await anyio.sleep(0.3)  # the expectation expires; a Workload event brings a reconcile
-        fake.put(WORKLOADS, workload(j, {"main": 2}, admitted={"main": 1}, seed="touched"))
+        touched = fake.put(
+            WORKLOADS, workload(j, {"main": 2}, admitted={"main": 1}, seed="touched")
+        )
+        await eventually(lambda: cache_holds(ctl, "workloads", [touched]), what="the touch seen")
+        await reconciled(ctl, owner_key(j))  # on the stale pod view, the expectation expired
+        assert pod_patches(fake) == 1, "a patch on the stale view"
         await holds_for(lambda: pod_patches(fake) == 1, 0.8, what="no patch on the stale view")
         assert ctl.stats.patch_conflicts == 0
         assert ctl.stats.foreign_releases == 0

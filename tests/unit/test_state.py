@@ -149,6 +149,7 @@ def job_object(rv: str = "5") -> dict[str, Any]:
     }
 
 
+@pytest.mark.injects(ValueError, reason="the plugin's owner_facts hook raises it")
 def test_a_failing_owner_facts_hook_is_counted_each_time_and_leaves_no_facts_but_its_error() -> (
     None
 ):

@@ -54,6 +54,25 @@ async def test_key_added_while_processing_is_processed_again_after_done() -> Non
 
 
 @pytest.mark.anyio
+async def test_a_key_is_busy_from_its_add_until_its_last_done() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    assert not q.busy("a")
+    q.add("a")
+    assert q.busy("a") and not q.busy("b")
+    assert await _get(q) == "a"
+    assert q.busy("a"), "being processed"
+    q.add("a")  # changed while processed: queued again at done
+    q.done("a")
+    assert q.busy("a"), "queued again"
+    assert await _get(q) == "a"
+    q.done("a")
+    assert not q.busy("a")
+    q.add_after("a", 60)
+    assert not q.busy("a"), "a delayed key is not busy until its delay passes"
+    q.shut_down()
+
+
+@pytest.mark.anyio
 async def test_done_without_changes_does_not_requeue() -> None:
     q: WorkQueue[str] = WorkQueue()
     q.add("a")
