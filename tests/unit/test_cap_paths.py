@@ -316,6 +316,7 @@ class _BrokenSize:
         raise ValueError("cannot read this Job")
 
 
+@pytest.mark.injects(ValueError, reason="the plugin's owner_facts hook raises it")
 @pytest.mark.anyio
 async def test_an_owner_whose_size_cannot_be_read_releases_nothing() -> None:
     fake = FakeKube()
