@@ -380,7 +380,10 @@ class Reconciler:
                 log.warning("pod %s/%s: cannot settle a release yet: %r", u.namespace, u.name, exc)
                 return False
             if obj is None or (obj.get("metadata") or {}).get("uid") != uid:
-                return True  # gone (a pod of the same name is not at the tested version)
+                # gone (a pod of the same name is not at the tested version); the release may
+                # have landed first, and a lagging watch may still show it: not someone else's
+                s.went(uid)
+                return True
             view = parse_pod(obj)
             if view.resource_version != u.resource_version:
                 if not view.has_gate(rt.gate) and not view.terminal and not view.deleting:

@@ -185,6 +185,11 @@ class State:
         self.foreign_seen.discard(uid)
         self.uncertain.pop(uid, None)  # a release patch cannot land on a pod gone
         self.releasable.pod_gone(uid)
+        self.went(uid)
+
+    def went(self, uid: str) -> None:
+        """Remember that the pod is gone from the server: a lagging watch may still replay its
+        past, and a gate removal there is old news (maybe our own unanswered release)."""
         self.gone.pop(uid, None)
         self.gone[uid] = None
         if len(self.gone) > GONE_REMEMBERED:

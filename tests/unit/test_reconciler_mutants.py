@@ -26,7 +26,7 @@ import ungater_plugins.rayjob as rayjob_plugin
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.clock import ManualClock
-from tests.fakekube import FakeKube
+from tests.fakekube import FakeKube, PatchFault
 from tests.objects import JOBS, RAYCLUSTERS, WORKLOADS
 from tests.polling import eventually
 from tests.unit.podfactory import (
@@ -597,6 +597,34 @@ async def test_an_unknown_outcome_on_an_unchanged_pod_is_fenced_then_released_on
         assert fenced["metadata"]["annotations"][FENCE_ANNOTATION] == tested
         assert not gated(fake, pods[0]) and gated(fake, pods[1])
         assert not ctl.state.uncertain
+
+
+async def test_an_unknown_outcome_on_a_pod_gone_since_is_not_reported_as_someone_elses() -> None:
+    """Our patch landed but was answered 504, and the pod went before the next reconcile;
+    the pod watch lags all along. The fence's read finds the pod gone (settled), the cache
+    still shows it gated, so it is patched again: 404. When the watch catches up, its gate
+    removal is our own late release, not another writer's: a pod the server showed gone is
+    remembered as gone, whatever a later outcome of ours says."""
+    fake = FakeKube()
+    _, key, pods = setup(fake, pods=2, admitted=1)
+    async with standby(fake) as (ctl, _):
+        await cached(ctl, key, fake, 2)
+        reported: list[str] = []
+        ctl.notices.foreign_release = lambda pod, rt: reported.append(pod.name)  # type: ignore[method-assign]
+        held = fake.lag_watches("pods")
+        fake.fail_patch(PatchFault.timed_out(0.0, 0.0, status=504), name=name(pods[0]))
+        with pytest.raises(RuntimeError):
+            await ctl.reconciler.reconcile(key)
+        assert set(ctl.state.uncertain) == {uid(pods[0])}
+        assert fake.late_patches[0].state == "landed"
+        gone(fake, pods[0])
+        attempted = script(fake, {})
+        with pytest.raises(Changed):  # settled as gone, then patched again on the cached view
+            await ctl.reconciler.reconcile(key)
+        assert attempted == [name(pods[0])] and not ctl.state.uncertain
+        held.release()
+        await eventually(lambda: uid(pods[0]) not in rt_of(ctl).pods.by_uid, what="the delete")
+        assert reported == []
 
 
 # -- reconcile -----------------------------------------------------------------------------------
