@@ -16,7 +16,10 @@ a crash (the standby waits out the Lease), after which a new standby starts.
 
 The promise is checked after EVERY write the fake commits (``FakeKube.observers``), not only
 after our patches: per owner, live released pods <= min(the active slice's admitted and spec
-counts, the owner's size), the bound being 0 between a slice's Finished and the next admission.
+counts, the owner's size), the bound being 0 between a slice's Finished and the next admission
+(except, for a release decided while its replica's Workload cache did not show that Finished
+yet, min(the old slice's cap, the replacement's count): no releaser can close that window, and
+Kueue still holds the old slice's quota; docs/testing.md).
 Only a write of the world can leave pods above a lowered bound (the owner shrinks before its
 controller deletes the victims; a slice finishes under running pods); that excess may only
 shrink. A release of ours is excused only when its request reached the server before the bound
@@ -57,6 +60,7 @@ from ungater._config import Config
 from ungater._controller import Controller
 from ungater._kube import PODS, Resource
 from ungater._leader import LeaderElector
+from ungater._model import FINISHED
 from ungater._registry import PluginRegistry
 
 JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
@@ -112,6 +116,9 @@ class Owner:
     serial: int = 0
     shrunk_at: float = float("-inf")
     allowed: int = 0  # excess over the bound left by the world's own writes (only shrinks)
+    # between the old slice's Finished and its replacement's admission: the old slice's name
+    # and min(its cap, the replacement's count), the bound of a release decided on the old one
+    handover: tuple[str, int] | None = None
     foreign: list[float] = field(default_factory=list)  # when the other releaser released
     # (resourceVersion of the write, time, cap, size) after every change of cap or size
     bounds: list[tuple[int, float, int, int]] = field(default_factory=list)
@@ -124,20 +131,23 @@ class Owner:
     def bound(self) -> int:
         return min(self.cap, self.size)
 
-    def believable(self, sent_rv: int, sent_at: float, seen: float = OWNER_SEEN) -> int:
+    def believable(
+        self, sent_rv: int, sent_at: float, seen: float = OWNER_SEEN, cap: int | None = None
+    ) -> int:
         """The highest bound a releaser could hold when its request reached the server: the
         cap as of that moment (every write up to ``sent_rv`` came first; Kueue's writes get no
-        allowance), and the largest size the owner had within ``seen`` seconds before it."""
-        cap, sizes = 0, []
+        allowance; ``cap``, when given, instead), and the largest size the owner had within
+        ``seen`` seconds before it."""
+        at, sizes = 0, []
         for rv, t, c, size in self.bounds:  # in order of the writes
             if rv > sent_rv:
                 break
-            cap = c
+            at = c
             if t <= sent_at - seen:
                 sizes = [size]  # the size at the start of the window
             else:
                 sizes.append(size)
-        return min(cap, max(sizes, default=0))
+        return min(at if cap is None else cap, max(sizes, default=0))
 
 
 def gated(pod: dict[str, Any]) -> bool:
@@ -169,6 +179,7 @@ class World:
         self.checks = 0
         self.foreign_pods: set[str] = set()  # released by the other releaser
         self.slow: tuple[str, str] = ("", "")  # the slow stream: (plural, client)
+        self.replicas: dict[str, Replica] = {}  # by name, every replica started
         fake.observers.append(self.audit)
 
     def owner_seen(self, by: str) -> float:
@@ -213,18 +224,38 @@ class World:
             recent = sum(1 for f in o.foreign if t - f <= FOREIGN_WINDOW)
             n = excess + o.bound
             sent = (c.sent_rv or 0, c.sent_at or 0.0)  # always set on a patch's commit
-            if n <= o.believable(*sent, self.owner_seen(c.by)) + recent:
+            could = o.believable(*sent, self.owner_seen(c.by), self.handover_cap(o, c))
+            if n <= could + recent:
                 o.allowed = excess  # within what it could know when it sent the request
                 continue
             self.violations.append(
                 f"t={t:.3f} rv={c.rv}: {c.by} released {c.obj['metadata']['name']} "
                 f"(sent at {c.sent_at:.3f}): {o.kind} {o.obj['metadata']['name']} has "
                 f"{n} released live pods, bound {o.bound} (cap {o.cap}, size {o.size}); could "
-                f"know {o.believable(*sent, self.owner_seen(c.by))}; lags "
+                f"know {could}; hand-over {o.handover}; lags "
                 f"{[(x.plural, x.client, x.selector, x.delay) for x in self.fake._lags]}; bounds "
                 f"{[(rv, round(bt, 3), bc, bs) for rv, bt, bc, bs in o.bounds[-4:]]}; history: {self.log[-12:]}"
             )
             o.allowed = excess  # one report per breach
+
+    def handover_cap(self, o: Owner, c: Committed) -> int | None:
+        """The cap of a release of ours that lands between the old slice's Finished and its
+        replacement's admission, if its replica's Workload cache had not shown the Finished
+        when it decided that release: min(the old slice's cap, the replacement's count),
+        quota Kueue still holds. None (the cap as of the request's arrival, 0 once the
+        Finished was written) for any other release, in particular one decided on a cache
+        that showed the Finished."""
+        if o.handover is None:
+            return None
+        old, cap = o.handover
+        replica = self.replicas.get(c.by.partition(":")[2])
+        tested = (
+            c.obj["metadata"]["uid"],
+            (c.old or {}).get("metadata", {}).get("resourceVersion"),
+        )
+        if replica is None or tested not in replica.finished_seen:
+            return None
+        return None if old in replica.finished_seen[tested] else cap
 
     def record(self, o: Owner, rv: int | None = None) -> None:
         """Note a change of ``o``'s cap or size, made visible by the next write (or ``rv``)."""
@@ -320,7 +351,10 @@ class World:
         if pending is not None:
             if active is not None and pending.replaces is not None:
                 active.finished = True  # a few ms before the new one is admitted
-                o.cap = 0  # no active slice: nothing may be newly released
+                # no active slice: nothing may be newly released, but by a releaser whose
+                # cache has not shown the Finished yet, within quota Kueue still holds
+                o.handover = (active.name, min(o.cap, pending.spec))
+                o.cap = 0
                 self.record(o)
                 self.write_slice(o, active)
                 return "finish old slice"
@@ -329,6 +363,7 @@ class World:
             if not first:
                 pending.admitted = pending.spec  # a replacement is admitted whole
             o.cap = min(pending.spec, pending.admitted)
+            o.handover = None
             self.record(o)
             self.write_slice(o, pending)
             return f"admit {pending.admitted} of {pending.spec}"
@@ -519,6 +554,24 @@ class Replica:
         self.scope = anyio.CancelScope()
         self.done = anyio.Event()
         self.called_foreign: list[str] = []  # pods this replica reported released by another
+        # (pod UID, the resourceVersion its release patch tests) -> the owner's Workloads this
+        # replica's Workload cache showed Finished when that release was decided (read from
+        # the cache itself, not from what the decision made of it)
+        self.finished_seen: dict[tuple[str, str], frozenset[str]] = {}
+        release = self.ctl.reconciler._release
+
+        async def release_decided(
+            key: Any, rt: Any, owner: str, decision: Any, active: Any
+        ) -> None:
+            # called right after the decision, with no await between: the cache it decided on
+            finished = frozenset(
+                w.name for w in self.ctl.workloads.for_owner(key.uid) if w.condition_true(FINISHED)
+            )
+            for r in decision.releases:
+                self.finished_seen[(r.pod.uid, r.pod.resource_version)] = finished
+            await release(key, rt, owner, decision, active)
+
+        self.ctl.reconciler._release = release_decided  # type: ignore[method-assign]
         report = self.ctl.notices.foreign_release
 
         def foreign_release(pod: Any, rt: Any) -> None:
@@ -544,8 +597,11 @@ class Cluster:
     """The replicas: one leads, one waits; a leader change stops (cleanly or by a crash) the
     leader and starts a new standby."""
 
-    def __init__(self, fake: FakeKube, rng: random.Random, tg: anyio.abc.TaskGroup) -> None:
+    def __init__(
+        self, fake: FakeKube, world: World, rng: random.Random, tg: anyio.abc.TaskGroup
+    ) -> None:
         self.fake = fake
+        self.world = world
         self.rng = rng
         self.tg = tg
         self.replicas: list[Replica] = []
@@ -555,6 +611,7 @@ class Cluster:
 
     async def add(self) -> Replica:
         r = Replica(self.fake, f"r{len(self.all)}")
+        self.world.replicas[r.name] = r
         self.replicas.append(r)
         self.all.append(r)
         self.tg.start_soon(r.run)
@@ -625,7 +682,7 @@ async def test_random_histories_never_exceed_the_cap_and_converge(seed: int) -> 
     fake.lag_watches(slow, client=world.slow[1], delay=LAG)
     owners = [world.add_job("train", rng.randint(2, 6)), world.add_jobset("llm", rng.randint(2, 6))]
     async with anyio.create_task_group() as tg:
-        cluster = Cluster(fake, rng, tg)
+        cluster = Cluster(fake, world, rng, tg)
         faults = Faults(fake, rng, cluster)
         await cluster.add()
         await cluster.add()
