@@ -401,6 +401,7 @@ class Reconciler:
                 await s.client.json_patch(PODS, u.namespace, u.name, fence)
             except ApiError as exc:
                 if exc.status == 404:
+                    s.went(uid)  # gone since the read: as above
                     return True
                 if exc.status in (409, 422):
                     continue  # it changed under the fence: look again
