@@ -308,7 +308,7 @@ class Reconciler:
         releases = decision.releases
         s.expectations.expect(key, [r.pod.uid for r in releases], rt.kind)
         s.ours.update(r.pod.uid for r in releases)
-        outcomes = await self.patcher.release_all(releases)
+        outcomes = await self.patcher.release_all(releases, rt)  # none once rt audits
         retry = False
         failed = 0
         released: list[Release] = []
