@@ -334,6 +334,7 @@ class CheckedFake(FakeKube):
 async def running(client: FakeKube) -> AsyncIterator[Controller]:
     cfg = Config.model_validate(
         {
+            "mode": "release",  # the test plays Kueue: no other releaser
             "kinds": [
                 {"group": "batch", "kind": "Job"},
                 {"group": "jobset.x-k8s.io", "kind": "JobSet"},

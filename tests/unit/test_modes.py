@@ -266,3 +266,29 @@ async def test_a_switch_to_audit_sends_no_patch_not_yet_sent() -> None:
         fake.put(WORKLOADS, workload(a, "a-1", count=3, admitted=3))
         await eventually(lambda: rt.mode == "audit", what="audit")
         await holds_for(lambda: len(fake.patches) == 1, 0.3, what="only the patch in flight")
+
+
+@pytest.mark.anyio
+async def test_a_kind_that_stood_down_under_auto_stays_in_audit_behind_the_policy() -> None:
+    """The stand-down stays the second line of defence: guarded, yet another writer removes
+    the gate (the policy bypassed); the kind stands down, and later checks that still find
+    the policy do not turn it back to release."""
+    fake = FakeKube()
+    guard_gate(fake)
+    b = job(fake, "b", 3)
+    fake.put(WORKLOADS, workload(b, "b-1", count=3))  # pending: nothing of ours to release
+    config = make_config(standDown={"foreignReleases": 2, "windowSeconds": 60})
+    async with observed_controller(fake, config) as ctl:
+        (rt,) = ctl.kinds.values()
+        assert rt.mode == "release"
+        for name in ("b-0-x000", "b-1-x001"):
+            pod = fake.read(PODS, NS, name)
+            assert pod is not None
+            pod["spec"]["schedulingGates"] = []
+            fake.put(PODS, pod)
+        await eventually(lambda: rt.stood_down != "", what="stood down")
+        checks = ctl.guard.checks
+        await eventually(lambda: ctl.guard.checks >= checks + 2, what="two more checks")
+        assert rt.mode == "audit" and ctl.guard.status[DEFAULT_GATE].state == "guarded"
+        fake.put(WORKLOADS, workload(b, "b-1", count=3, admitted=3))
+        await holds_for(lambda: not fake.patches, 0.3, what="no patch after the stand-down")
