@@ -179,14 +179,13 @@ async def test_auto_audits_kueues_gate_without_the_policy_and_releases_behind_it
     control_plane: Any,
     kube: Kube,
     kube_namespace: str,
-    helm: Path,  # noqa: F811
 ) -> None:
     """``mode: auto`` (the default) on the real API server: no patch while no policy guards
-    Kueue's gate; the chart's policy installed, it releases as far as admitted; the policy
-    removed, the next check turns it back to audit and nothing more is released."""
+    Kueue's gate; the shipped policy installed (the plain file, the chart's render), it
+    releases as far as admitted; the policy removed, the next check turns it back to audit and
+    nothing more is released."""
     ns = kube_namespace
-    docs = list(yaml.safe_load_all(render_policy(helm, kueueNamespace=ns)))
-    policy, binding = (copy.deepcopy(d) for d in docs if d)
+    policy, binding = (d for d in yaml.safe_load_all(OPTIONAL.read_text()) if d)
     name = f"auto-{ns}"[:63]
     policy["metadata"]["name"] = binding["metadata"]["name"] = name
     binding["spec"]["policyName"] = name
