@@ -89,8 +89,8 @@ class ModeSwitch:
                     self.s.queue.add(key)
 
     def announce(self) -> None:
-        """At start-up, one line per kind that runs in a mode other than the one it was
-        configured with, and a warning per explicit ``release`` of an unguarded Kueue gate."""
+        """At start-up, one line per ``auto`` kind on Kueue's gate saying what it does and why,
+        and a warning per explicit ``release`` of that gate with no policy guarding it."""
         self.follow()
         self.announced = True
         for kind, rt in self.s.kinds.items():
