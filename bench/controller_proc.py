@@ -35,10 +35,12 @@ def controller_config(namespace: str, raised: bool) -> dict[str, Any]:
 
     Two settings differ from a user's for the shared machine only: the probe server listens on
     a free loopback port (not ``:8080``), and the Lease has its own name, so a stale Lease of
-    another run or test never delays the start.
+    another run or test never delays the start. And ``mode: release``: the bench plays Kueue,
+    so no other releaser is there and no admission policy is needed.
     """
     config: dict[str, Any] = {
         "namespaces": [namespace],
+        "mode": "release",
         "kinds": [{"group": "batch", "kind": "Job"}],
         "server": {"address": "127.0.0.1:0"},
         "leaderElection": {"leaseName": "ungater-bench"},

@@ -92,7 +92,7 @@ async def reconcile_cost(others: tuple[int, ...], repeats: int) -> dict[str, Any
     """Microseconds per reconcile of one 10-pod owner while ``others`` pods are cached."""
     logging.getLogger("ungater").setLevel(logging.WARNING)  # the harness does not log releases
     config = Config.model_validate(
-        {"namespaces": [_NS], "kinds": [{"group": "batch", "kind": "Job"}]}
+        {"namespaces": [_NS], "mode": "release", "kinds": [{"group": "batch", "kind": "Job"}]}
     )
     ctl = Controller(config, _InstantClient(), PluginRegistry.discover())  # type: ignore[arg-type]
     releasing = _add_owner(ctl, 0, gated=True)

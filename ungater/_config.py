@@ -52,7 +52,9 @@ DEFAULT_LEASE_NAMESPACE = "kube-system"
 WorkloadVersion = Literal["v1beta2", "v1beta1"]
 #: ``release``: remove the gate as far as admitted. ``audit``: watch and decide the same way,
 #: never patch, and report what the gate's real releaser does against the admitted counts.
-Mode = Literal["release", "audit"]
+#: ``auto`` (the default): release, except a gate Kueue releases itself, which it releases only
+#: while an admission policy guards it and audits otherwise (``ungater._modes``).
+Mode = Literal["auto", "release", "audit"]
 _WORKLOAD_VERSIONS: tuple[WorkloadVersion, ...] = ("v1beta2", "v1beta1")
 _BUILTIN_KINDS = (("batch", "Job"), ("jobset.x-k8s.io", "JobSet"), ("ray.io", "RayCluster"))
 
@@ -342,7 +344,7 @@ class Config(_Model):
     """The whole config file. Keys are camelCase in YAML."""
 
     gate: str = Field(default=DEFAULT_GATE, min_length=1)
-    mode: Mode = "release"
+    mode: Mode = "auto"
     kinds: list[KindConfig] = Field(
         default_factory=lambda: [KindConfig(group=g, kind=k) for g, k in _BUILTIN_KINDS],
         min_length=1,
@@ -426,8 +428,9 @@ class Config(_Model):
 
     @property
     def patches_pods(self) -> bool:
-        """Some kind releases (needs ``pods/patch``); all-audit needs only reads."""
-        return any(self.mode_for(k) == "release" for k in self.kinds)
+        """Some kind may release (``release`` or ``auto``: needs ``pods/patch``); all-audit
+        needs only reads."""
+        return any(self.mode_for(k) != "audit" for k in self.kinds)
 
     @property
     def gates(self) -> list[str]:

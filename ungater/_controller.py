@@ -27,6 +27,7 @@ from ungater._kueue import KUEUE_GROUP
 from ungater._leader import LeaderElector, LeaderTerm
 from ungater._metrics import ControllerSnapshot, Metrics
 from ungater._model import Kind
+from ungater._modes import effective_mode
 from ungater._notices import Notices
 from ungater._patcher import Patcher
 from ungater._reconciler import Changed, Reconciler
@@ -118,7 +119,10 @@ class Controller:
                 ),
                 self.config.mode,
             )
-            out[kind] = KindRuntime(rk.handler, rk.gate, PodIndex(rk.handler.spec.pod_label), mode)
+            # auto on Kueue's own gate audits until a guard check finds the policy
+            now = effective_mode(mode, rk.gate, None, self.config.policy_check_interval_seconds > 0)
+            pods = PodIndex(rk.handler.spec.pod_label)
+            out[kind] = KindRuntime(rk.handler, rk.gate, pods, now.mode, mode, now.why)
         return out
 
     async def _discover_workload_version(self) -> str:

@@ -30,6 +30,7 @@ from ungater._model import (
     parse_pod,
     parse_workload,
 )
+from ungater._modes import HOW_TO_RELEASE, effective_mode
 from ungater._registry import KindHandler, PluginError, PluginRegistry
 
 __all__ = [
@@ -208,9 +209,15 @@ async def explain(
             "this workload lacks the annotation kueue.x-k8s.io/elastic-job=true, so the "
             "controller ignores it (requireElasticAnnotation)"
         )
-    mode = config.mode_for(kc)
-    if mode == "audit":
-        notes.append("this kind is in audit mode: the controller reports, and never patches")
+    guard = (await check_guards(client, [read.gate]))[read.gate]
+    checks_on = config.policy_check_interval_seconds > 0
+    mode = effective_mode(config.mode_for(kc), read.gate, guard.state, checks_on)
+    if mode.mode == "audit":
+        notes.append(
+            f"this kind is in audit mode ({mode.why}): the controller reports, and never patches"
+        )
+        if mode.why.startswith("mode: auto"):
+            notes.append(HOW_TO_RELEASE)
     report = _as_dict(
         owner_desc=f"{read.owner.kind} {namespace}/{read.owner.name}",
         gate=read.gate,
@@ -219,8 +226,8 @@ async def explain(
         decision=decision,
         notes=notes,
     )
-    report["mode"] = mode
-    guard = (await check_guards(client, [read.gate]))[read.gate]
+    report["mode"] = mode.mode
+    report["modeWhy"] = mode.why
     report["guard"] = {"state": guard.state, "policies": list(guard.policies)}
     report["notes"].append(guard.line)
     report["findings"] = [f.as_dict() for f in audit_read(config, read)]
@@ -309,8 +316,10 @@ def _as_dict(
 def render_text(report: dict[str, Any]) -> str:
     out = [
         f"owner:   {report['owner']}  (plugin {report['plugin']}, gate {report['gate']})",
-        "slices:",
     ]
+    if "mode" in report:
+        out.append(f"mode:    {report['mode']} ({report.get('modeWhy', '')})")
+    out.append("slices:")
     for s in report["slices"]:
         conds = ",".join(f"{k}={v}" for k, v in sorted(s["conditions"].items())) or "no conditions"
         mark = "*" if s["active"] else " "

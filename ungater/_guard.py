@@ -8,13 +8,14 @@ This module finds such policies: a ``ValidatingAdmissionPolicy`` annotated
 with at least one binding that denies (``validationActions`` holds ``Deny``). The verdict per
 gate is ``guarded``, ``unguarded`` or ``unknown`` (the policies could not be read). The
 controller checks at start-up and every ``admissionPolicy.checkIntervalSeconds``, and reports
-it in ``/readyz``, ``ungater_gate_guarded{gate}`` and ``explain``. ``assess_guards`` is pure.
+it in ``/readyz``, ``ungater_gate_guarded{gate}`` and ``explain``; ``mode: auto`` releases
+Kueue's gate only while it is guarded (``ungater._modes``). ``assess_guards`` is pure.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,6 +109,7 @@ class GateGuard:
         self.interval = interval
         self.status: dict[str, GuardStatus] = {}
         self.checks = 0
+        self.on_refresh: Callable[[], None] | None = None  # after each check (mode: auto)
 
     async def refresh(self) -> dict[str, GuardStatus]:
         fresh = await check_guards(self.client, self.gates)
@@ -118,6 +120,8 @@ class GateGuard:
                 log.log(level, "admission policy check: %s", st.line)
         self.status = fresh
         self.checks += 1
+        if self.on_refresh is not None:
+            self.on_refresh()
         return fresh
 
     async def run(self) -> None:

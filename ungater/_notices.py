@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 from ungater._assess import owner_of
 from ungater._cache import OwnerKey
-from ungater._config import DEFAULT_GATE
 from ungater._decision import Decision, Release
 from ungater._events import (
     FOREIGN_RELEASE,
@@ -25,6 +24,7 @@ from ungater._events import (
     WARNING,
 )
 from ungater._model import PodView
+from ungater._modes import ModeSwitch
 from ungater._standdown import Tripped
 from ungater._state import KindRuntime, State
 
@@ -38,6 +38,8 @@ class Notices:
     def __init__(self, state: State) -> None:
         self.c = state
         self._inactive_since: dict[OwnerKey, float] = {}  # chains seen without an active slice
+        self.modes = ModeSwitch(state)  # mode: auto follows each guard check
+        state.guard.on_refresh = self.modes.follow
 
     def forget(self, key: OwnerKey) -> None:
         self._inactive_since.pop(key, None)
@@ -174,29 +176,18 @@ class Notices:
             c.queue.add(key)  # audit them now
 
     def startup(self) -> None:
-        """Warn for each kind that releases Kueue's gate with no policy guarding it."""
-        c = self.c
-        for kind, rt in c.kinds.items():
-            st = c.guard.status.get(rt.gate)
-            if rt.mode == "release" and rt.gate == DEFAULT_GATE and st and st.state != "guarded":
-                log.warning(
-                    "%s releases %s, which every Kueue that makes slices releases itself, and "
-                    "no admission policy guarding it was found (%s): if Kueue runs here, "
-                    "standDown.action %s applies after %d foreign releases; install the "
-                    "admission policy or choose mode: audit (docs/config.md)",
-                    kind,
-                    rt.gate,
-                    st.state,
-                    c.config.stand_down.action,
-                    c.config.stand_down.foreign_releases,
-                )
+        """Say which kinds audit for want of a guard (``mode: auto``), and warn for each explicit
+        ``mode: release`` of Kueue's own gate with no policy guarding it."""
+        self.modes.announce()
 
     def status_lines(self) -> list[str]:
-        """What ``/readyz`` says beside "ok": each kind's mode, why it stood down, and whether
-        an admission policy guards each gate."""
+        """What ``/readyz`` says beside "ok": each kind's mode and why (``mode: auto``), why it
+        stood down, and whether an admission policy guards each gate."""
         lines = []
         for kind, rt in self.c.kinds.items():
             line = f"{kind}: {rt.mode} (gate {rt.gate})"
+            if rt.why and rt.why != f"mode: {rt.mode}":
+                line += f"; {rt.why}"
             if rt.stood_down:
                 line += f"; STOOD DOWN: {rt.stood_down}"
             lines.append(line)

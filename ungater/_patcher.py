@@ -1,7 +1,8 @@
 """Release patches sent, and what came of each: the only place a pod's gate is removed.
 
 One guarded JSON patch per pod (``patches.release_patch``), at most
-``client.patchConcurrency`` at once, none once leadership is lost. Each request ends in one
+``client.patchConcurrency`` at once, none once leadership is lost or the kind has turned to
+audit (``mode: auto`` after a guard check, or a stand-down). Each request ends in one
 outcome the reconciler acts on: ``released``, ``deleting`` (it landed on a pod being deleted:
 no release), ``blocked`` (refused for good: the pod backs off), ``gone``, ``conflict`` (changed
 under us: re-decide), ``skipped`` (not leading) or ``error`` (it may have landed).
@@ -38,12 +39,18 @@ class Patcher:
         self.notices = notices
         self._slots = anyio.Semaphore(state.config.client.patch_concurrency)
 
-    async def release_all(self, releases: Sequence[Release]) -> dict[str, str]:
-        """Patch every pod of ``releases`` (bounded concurrency); the outcome per pod UID."""
+    async def release_all(
+        self, releases: Sequence[Release], rt: KindRuntime | None = None
+    ) -> dict[str, str]:
+        """Patch every pod of ``releases`` (bounded concurrency); the outcome per pod UID.
+        Each patch not yet sent is skipped once ``rt`` (the owner's kind) stops releasing."""
         outcomes: dict[str, str] = {}
 
         async def one(r: Release) -> None:
             async with self._slots:
+                if rt is not None and rt.mode != "release":
+                    outcomes[r.pod.uid] = SKIPPED  # switched to audit since the decision
+                    return
                 outcomes[r.pod.uid] = await self.release(r)
 
         async with anyio.create_task_group() as tg:

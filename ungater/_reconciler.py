@@ -462,7 +462,7 @@ class Reconciler:
             s.uncertain[r.pod.uid] = Uncertain(
                 key, r.pod.namespace, r.pod.name, r.pod.resource_version
             )
-        outcomes = await self.patcher.release_all(releases)
+        outcomes = await self.patcher.release_all(releases, rt)  # none once rt audits
         retry = False
         failed = 0
         released: list[Release] = []

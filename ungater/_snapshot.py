@@ -54,6 +54,7 @@ class ControllerSnapshot:
     synced: bool = False
     audit_findings: Mapping[tuple[str, str], int] = field(default_factory=dict)  # kind, finding
     stood_down: Mapping[str, bool] = field(default_factory=dict)  # by kind
+    modes: Mapping[str, str] = field(default_factory=dict)  # kind -> release|audit, now
     stale_provisioning_pods: int = 0
     gate_guard: Mapping[str, str] = field(default_factory=dict)  # gate -> guarded|unguarded|...
     gated_pods: Mapping[tuple[str, str, str], int] = field(default_factory=dict)  # kind, gate, why
@@ -149,6 +150,15 @@ def _audit(snap: ControllerSnapshot) -> Iterable[Metric]:
     )
     for kind, down in snap.stood_down.items():
         stood.add_metric([kind], 1.0 if down else 0.0)
+    modes = GaugeMetricFamily(
+        "ungater_mode",
+        "1 for the mode each kind runs in now (release or audit), 0 for the other: mode auto "
+        "audits a gate Kueue releases itself while no admission policy guards it.",
+        labels=["kind", "mode"],
+    )
+    for kind, mode in sorted(snap.modes.items()):
+        for m in ("release", "audit"):
+            modes.add_metric([kind, m], 1.0 if mode == m else 0.0)
     stale_pods = GaugeMetricFamily(
         "ungater_pods_stale_provisioning_request",
         "Gated pods bound to a ProvisioningRequest other than the active slice's: they stay "
@@ -173,7 +183,7 @@ def _audit(snap: ControllerSnapshot) -> Iterable[Metric]:
     )
     for (kind, gate, reason), n in sorted(snap.gated_pods.items()):
         gated.add_metric([kind, gate, reason], float(n))
-    return (findings, stood, stale_pods, guarded, gated)
+    return (findings, stood, modes, stale_pods, guarded, gated)
 
 
 def _caches(snap: ControllerSnapshot) -> Iterable[Metric]:

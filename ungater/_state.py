@@ -54,7 +54,9 @@ class KindRuntime:
     handler: KindHandler
     gate: str
     pods: PodIndex
-    mode: str = "release"  # "audit": decide and report, never patch
+    mode: str = "release"  # what it does now; "audit": decide and report, never patch
+    configured: str = ""  # the config's mode ("auto" follows the gate guard: ungater._modes)
+    why: str = ""  # why it runs in ``mode`` (/readyz)
     stood_down: str = ""  # why this kind stopped releasing (see ungater._standdown)
 
     @property
@@ -355,6 +357,7 @@ class State:
             synced=synced,
             audit_findings=self._audit_findings(),
             stood_down={str(kind): bool(rt.stood_down) for kind, rt in self.kinds.items()},
+            modes={str(kind): rt.mode for kind, rt in self.kinds.items()},
             stale_provisioning_pods=sum(
                 len(r.stale) for d in list(self.decisions.values()) for r in d.pod_sets
             ),

@@ -47,6 +47,9 @@ async def kube(control_plane: Any) -> AsyncIterator[Kube]:
 def config_for(namespace: str, **overrides: Any) -> Config:
     raw: dict[str, Any] = {
         "namespaces": [namespace],
+        # these tests play Kueue (or run it with a gate of ungater's own): ungater is the only
+        # releaser, and the default auto would only audit Kueue's gate without the policy
+        "mode": "release",
         "expectationsTimeoutSeconds": 5,
         "watch": {"backoffInitialSeconds": 0.05, "backoffMaxSeconds": 1, "silenceSeconds": 30},
     }

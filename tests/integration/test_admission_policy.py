@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.integration.conftest import admit, config_for, create_workload, running_controller
 from tests.integration.k8s import Kube
 from tests.integration.test_deploy import Admin, admin, helm  # noqa: F401  (fixtures)
-from tests.integration.test_jobs import make_job
+from tests.integration.test_jobs import make_job, released_indexes
 from tests.objects import GATE, PODS
-from tests.polling import eventually
+from tests.polling import equals, eventually, holds_for
 from ungater._guard import BINDINGS, POLICIES, GateGuard, check_guards
 from ungater._kube import ApiError, Resource, connect
 from ungater_devtools.devcluster import helm as helm_tool
@@ -172,6 +173,46 @@ async def test_policy_refuses_only_kueues_gate_removal_and_ungater_sees_it(
         await kube.client.delete(POLICIES, None, name)
         await kueue.close()
         await other.close()
+
+
+async def test_auto_audits_kueues_gate_without_the_policy_and_releases_behind_it(
+    control_plane: Any,
+    kube: Kube,
+    kube_namespace: str,
+) -> None:
+    """``mode: auto`` (the default) on the real API server: no patch while no policy guards
+    Kueue's gate; the shipped policy installed (the plain file, the chart's render), it
+    releases as far as admitted; the policy removed, the next check turns it back to audit and
+    nothing more is released."""
+    ns = kube_namespace
+    policy, binding = (d for d in yaml.safe_load_all(OPTIONAL.read_text()) if d)
+    name = f"auto-{ns}"[:63]
+    policy["metadata"]["name"] = binding["metadata"]["name"] = name
+    binding["spec"]["policyName"] = name
+    job, sel = await make_job(kube, ns, "train", 4)
+    await create_workload(kube, job, "job-train-a", {"main": 4})
+    await admit(kube, ns, "job-train-a", {"main": 2})
+    config = config_for(ns, mode="auto", policyCheckIntervalSeconds=0.5)
+    async with running_controller(control_plane.kubeconfig_path, config) as ctl:
+        rt = next(rt for kind, rt in ctl.kinds.items() if kind.kind == "Job")
+        assert ctl.guard.status[GATE].state == "unguarded" and rt.mode == "audit"
+        await holds_for(lambda: equals(released_indexes(kube, ns, sel), []), 2.0)
+        assert ctl.status_lines()[0].startswith("Job.batch: audit")
+        await kube.client.create(POLICIES, None, policy)
+        await kube.client.create(BINDINGS, None, binding)
+        try:
+            await eventually(
+                lambda: equals(released_indexes(kube, ns, sel), [0, 1]),
+                timeout=15,
+                what="released behind the policy",
+            )
+            assert rt.mode == "release"
+        finally:
+            await kube.client.delete(BINDINGS, None, name)
+            await kube.client.delete(POLICIES, None, name)
+        await eventually(lambda: rt.mode == "audit", timeout=5, what="audit again")
+        await admit(kube, ns, "job-train-a", {"main": 4})
+        await holds_for(lambda: equals(released_indexes(kube, ns, sel), [0, 1]), 2.0)
 
 
 def test_chart_schema_refuses_a_bad_admission_policy(helm: Path) -> None:  # noqa: F811

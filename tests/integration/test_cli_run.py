@@ -29,6 +29,7 @@ async def test_run_releases_and_exits_zero_on_sigterm(
     config.write_text(
         f"namespaces: [{ns}]\nlogging: {{format: json}}\nserver: {{address: '127.0.0.1:0'}}\n"
         f"leaderElection: {{namespace: {ns}}}\n"
+        "mode: release\n"  # no Kueue releases here: the test plays it
     )
     job, sel = await make_job(kube, ns, "cli", 3)
     await create_workload(kube, job, "job-cli-a", {"main": 3})

@@ -498,6 +498,10 @@ def controller_config(objects: list[dict[str, Any]], namespaces: list[str]) -> C
     runs the controller in-process, without its leader election or HTTP server."""
     raw = rendered_config(objects)
     raw["namespaces"] = namespaces
+    # the test plays Kueue: ungater is the only releaser (the chart's mode auto would only
+    # audit Kueue's gate without the admission policy; test_admission_policy.py covers that)
+    assert raw["mode"] == "auto"
+    raw["mode"] = "release"
     raw["expectationsTimeoutSeconds"] = 5
     raw["watch"] = {
         **raw.get("watch", {}),

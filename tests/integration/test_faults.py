@@ -117,7 +117,7 @@ async def test_controller_sigkilled_between_patching_and_observing(
     cfg = tmp_path / "ungater.yaml"
     cfg.write_text(
         f"namespaces: [{ns}]\nclient: {{patchConcurrency: 2, qps: 20, burst: 2}}\n"
-        "server: {address: '127.0.0.1:0'}\n"
+        "server: {address: '127.0.0.1:0'}\nmode: release\n"  # the only releaser here
         f"leaderElection: {{namespace: {ns}, leaseDurationSeconds: 4, renewDeadlineSeconds: 3,"
         " retryPeriodSeconds: 1}\n"
     )

@@ -74,7 +74,7 @@ async def test_kubectl_ungater_explain_and_plugins_with_kubectl_conventions(
     job, sel = await make_job(kube, ns, "kplug", 3)
     await create_workload(kube, job, "job-kplug-a", {"main": 3})
     await admit(kube, ns, "job-kplug-a", {"main": 2})
-    config = Config.model_validate({"namespaces": [ns]})
+    config = Config.model_validate({"namespaces": [ns], "mode": "release"})  # plays Kueue
     async with running_controller(control_plane.kubeconfig_path, config):
         await eventually(lambda: equals(released_indexes(kube, ns, sel), [0, 1]), timeout=30)
 

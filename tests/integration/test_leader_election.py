@@ -50,7 +50,7 @@ class Replica:
         cfg = tmp / f"{name}.yaml"
         where = f"leaseName: {lease}" if lease else f"namespace: {ns}"
         cfg.write_text(
-            f"namespaces: [{ns}]\nserver: {{address: '127.0.0.1:0'}}\n"
+            f"namespaces: [{ns}]\nserver: {{address: '127.0.0.1:0'}}\nmode: release\n"
             f"leaderElection: {{{where}, identity: {name}, leaseDurationSeconds: {LEASE_S},"
             " renewDeadlineSeconds: 3, retryPeriodSeconds: 1}\n"
         )

@@ -49,6 +49,7 @@ class Shard(Replica):
         self.log = tmp / f"{name}.log"
         self.config_text = (
             f"namespaces: [{', '.join(namespaces)}]\nserver: {{address: '127.0.0.1:0'}}\n"
+            "mode: release\n"  # no Kueue releases here: the test plays it
             f"leaderElection: {{shardByNamespace: true, namespace: {lease_ns}, identity: {name},"
             f" leaseDurationSeconds: {LEASE_S}, renewDeadlineSeconds: 3, retryPeriodSeconds: 1}}\n"
         )

@@ -316,7 +316,8 @@ async def test_one_shot_audit_reads_every_owner_and_names_the_pods() -> None:
     assert not fake.patches
     shown = await explain(fake, oneshot_config(), registry, NS, "train-a")
     assert [x["finding"] for x in shown["findings"]] == [OVER_RELEASE]
-    assert shown["mode"] == "release"
+    # mode: auto (the default) on Kueue's own gate with no policy guarding it: audit
+    assert shown["mode"] == "audit" and "no admission policy" in shown["modeWhy"]
 
 
 @pytest.mark.anyio

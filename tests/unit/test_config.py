@@ -47,6 +47,26 @@ def test_defaults() -> None:
     assert c.workers >= 1 and c.expectations_timeout_seconds > 0
     assert c.plugins.allow is None and c.plugins.fail_on_error is False
     assert c.logging.level == "INFO"
+    # auto: release Kueue's own gate only behind an admission policy (ungater._modes)
+    assert c.mode == "auto" and all(k.mode is None for k in c.kinds)
+    assert all(c.mode_for(k) == "auto" for k in c.kinds)
+
+
+@pytest.mark.parametrize("mode", ["auto", "release", "audit"])
+def test_each_mode_is_accepted_at_the_top_and_per_kind(tmp_path: Path, mode: str) -> None:
+    text = f"mode: {mode}\nkinds: [{{group: batch, kind: Job, mode: {mode}}}, {{group: ray.io, kind: RayCluster}}]\n"
+    c = load_config(_write(tmp_path, text))
+    job, ray = c.kinds
+    assert c.mode == job.mode == mode and ray.mode is None
+    assert c.mode_for(job) == c.mode_for(ray) == mode
+    assert c.patches_pods is (mode != "audit")  # auto may release: it needs pods/patch
+
+
+def test_a_kind_without_a_mode_falls_back_to_the_top_level_one(tmp_path: Path) -> None:
+    text = "kinds: [{group: batch, kind: Job, mode: release}, {group: ray.io, kind: RayCluster}]\n"
+    c = load_config(_write(tmp_path, text))
+    job, ray = c.kinds
+    assert (c.mode_for(job), c.mode_for(ray)) == ("release", "auto")
 
 
 def test_defaults_are_not_shared_between_instances() -> None:
@@ -227,6 +247,13 @@ def test_every_error_is_listed(tmp_path: Path) -> None:
             id="exp-zero",
         ),
         pytest.param("client: 3\n", "client", "valid dictionary", id="section-not-a-map"),
+        pytest.param("mode: relase\n", "mode", "'auto', 'release' or 'audit'", id="mode-typo"),
+        pytest.param(
+            "kinds: [{group: batch, kind: Job, mode: on}]\n",
+            "kinds[0].mode",
+            "'auto', 'release' or 'audit'",
+            id="kind-mode",
+        ),
     ],
 )
 def test_bad_values(tmp_path: Path, text: str, where: str, need: str) -> None:

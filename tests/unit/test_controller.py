@@ -38,6 +38,7 @@ def anyio_backend() -> str:
 
 def make_config(**overrides: Any) -> Config:
     raw: dict[str, Any] = {
+        "mode": "release",  # the test plays Kueue: no other releaser
         "kinds": [{"group": "batch", "kind": "Job"}],
         "expectationsTimeoutSeconds": 2.0,
         "watch": {"backoffInitialSeconds": 0.01, "backoffMaxSeconds": 0.05, "silenceSeconds": 5},

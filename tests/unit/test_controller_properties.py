@@ -525,6 +525,7 @@ class Faults:
 
 
 CONFIG = {
+    "mode": "release",  # the world plays Kueue: no other releaser on its gate
     "kinds": [
         {"group": "batch", "kind": "Job"},
         {"group": "jobset.x-k8s.io", "kind": "JobSet"},

@@ -47,10 +47,11 @@ def anyio_backend() -> str:
 def controller(clock: ManualClock | None = None) -> Controller:
     config = Config.model_validate(
         {
+            "mode": "release",  # the test plays Kueue: no other releaser
             "kinds": [
                 {"group": "batch", "kind": "Job"},
                 {"group": "jobset.x-k8s.io", "kind": "JobSet"},
-            ]
+            ],
         }
     )
     registry = PluginRegistry.from_modules({"job": job_plugin, "jobset": jobset_plugin})
@@ -227,7 +228,9 @@ async def test_a_raycluster_whose_size_changes_makes_room_for_its_rayjob() -> No
     from tests.unit.test_plugin_rayjob import cluster_of, ray_owner
 
     clock = ManualClock()
-    config = Config.model_validate({"kinds": [{"group": "ray.io", "kind": "RayJob"}]})
+    config = Config.model_validate(
+        {"mode": "release", "kinds": [{"group": "ray.io", "kind": "RayJob"}]}
+    )
     registry = PluginRegistry.from_modules(
         {"raycluster": raycluster_plugin, "rayjob": rayjob_plugin}
     )
@@ -270,6 +273,7 @@ def test_every_resource_is_watched_once_per_namespace_with_the_configured_watch_
 
     config = Config.model_validate(
         {
+            "mode": "release",  # the test plays Kueue: no other releaser
             "kinds": [
                 {"group": "batch", "kind": "Job"},
                 {"group": "jobset.x-k8s.io", "kind": "JobSet"},
@@ -587,12 +591,13 @@ def test_the_intermediates_of_several_kinds_are_each_watched_none_lost_to_anothe
 
     config = Config.model_validate(
         {
+            "mode": "release",  # the test plays Kueue: no other releaser
             "kinds": [
                 {"group": "jobset.x-k8s.io", "kind": "JobSet"},
                 {"group": "leaderworkerset.x-k8s.io", "kind": "LeaderWorkerSet"},
                 {"group": "ray.io", "kind": "RayJob"},
                 {"group": "example.com", "kind": "Trainer"},
-            ]
+            ],
         }
     )
     registry = PluginRegistry.from_modules(

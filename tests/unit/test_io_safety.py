@@ -52,6 +52,7 @@ def anyio_backend() -> str:
 def config(*kinds: tuple[str, str], timeout: float = 30.0, silence: float = 60.0) -> Config:
     return Config.model_validate(
         {
+            "mode": "release",  # the test plays Kueue: no other releaser
             "kinds": [{"group": g, "kind": k} for g, k in kinds or (JOB_KIND,)],
             "expectationsTimeoutSeconds": timeout,
             "watch": {

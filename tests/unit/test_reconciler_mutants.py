@@ -83,6 +83,7 @@ class Standby:
 def config(**extra: Any) -> Config:
     return Config.model_validate(
         {
+            "mode": "release",  # the test plays Kueue: no other releaser
             "kinds": [{"group": "batch", "kind": "Job"}],
             "expectationsTimeoutSeconds": 30.0,
             "watch": {"backoffInitialSeconds": 0.01, "backoffMaxSeconds": 0.05},

@@ -148,6 +148,7 @@ def anyio_backend() -> str:
 def make_config() -> Config:
     return Config.model_validate(
         {
+            "mode": "release",  # the test plays Kueue: no other releaser
             "kinds": [{"group": "batch", "kind": "Job"}],
             "expectationsTimeoutSeconds": 2.0,
             "watch": {"backoffInitialSeconds": 0.01, "backoffMaxSeconds": 0.05},

@@ -82,6 +82,7 @@ def anyio_backend() -> str:
 async def running(fake: FakeKube) -> AsyncIterator[Controller]:
     config = Config.model_validate(
         {
+            "mode": "release",  # the test plays Kueue: no other releaser
             "kinds": [{"group": "batch", "kind": "Job"}],
             "watch": {"backoffInitialSeconds": 0.01, "backoffMaxSeconds": 0.05},
         }

@@ -52,6 +52,7 @@ def anyio_backend() -> str:
 def config(*kinds: tuple[str, str]) -> Config:
     return Config.model_validate(
         {
+            "mode": "release",  # the test plays Kueue: no other releaser
             "kinds": [{"group": g, "kind": k} for g, k in kinds],
             "expectationsTimeoutSeconds": 30.0,
             "watch": {"backoffInitialSeconds": 0.01, "backoffMaxSeconds": 0.05},

@@ -58,6 +58,7 @@ def test_stand_down_trips_on_the_nth_foreign_release_within_the_window() -> None
 
 def make_config(**overrides: Any) -> Config:
     raw: dict[str, Any] = {
+        "mode": "release",  # the test plays Kueue: no other releaser
         "kinds": [{"group": "batch", "kind": "Job"}],
         "expectationsTimeoutSeconds": 2.0,
         "watch": {"backoffInitialSeconds": 0.01, "backoffMaxSeconds": 0.05},

@@ -40,6 +40,7 @@ def anyio_backend() -> str:
 def config(**extra: Any) -> Config:
     return Config.model_validate(
         {
+            "mode": "release",  # the test plays Kueue: no other releaser
             "kinds": [{"group": "batch", "kind": "Job"}],
             "watch": {"backoffInitialSeconds": 0.01, "backoffMaxSeconds": 0.05},
             **extra,

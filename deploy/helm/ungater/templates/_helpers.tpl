@@ -180,14 +180,14 @@ deployment that would run two releasers at once (replicas > 1 without leader ele
 {{- end -}}
 
 {{/*
-"true" when some configured kind releases (mode release, per kind or global), so the
-controller needs pods/patch; empty when every kind only audits.
+"true" when some configured kind may release (mode release or auto, per kind or global), so
+the controller needs pods/patch; empty when every kind only audits.
 */}}
 {{- define "ungater.patchesPods" -}}
-{{- $global := .Values.config.mode | default "release" -}}
+{{- $global := .Values.config.mode | default "auto" -}}
 {{- $patch := false -}}
 {{- range (.Values.config.kinds | default (list (dict "mode" $global))) -}}
-{{- if eq (.mode | default $global) "release" -}}{{- $patch = true -}}{{- end -}}
+{{- if ne (.mode | default $global) "audit" -}}{{- $patch = true -}}{{- end -}}
 {{- end -}}
 {{- if $patch -}}true{{- end -}}
 {{- end -}}
