@@ -48,6 +48,7 @@ def anyio_backend() -> str:
 def config() -> Config:
     return Config.model_validate(
         {
+            "mode": "release",  # the test plays Kueue: no other releaser on its gate
             "kinds": [{"group": "batch", "kind": "Job"}],
             "watch": {"backoffInitialSeconds": 0.01, "backoffMaxSeconds": 0.05},
         }

@@ -376,7 +376,7 @@ async def test_a_release_landing_on_a_terminating_pod_re_decides_and_keeps_it_ex
     async with standby(fake) as (ctl, _):
         await cached(ctl, key, fake, 1)
 
-        async def landed_on_a_terminating_pod(releases: Any) -> dict[str, str]:
+        async def landed_on_a_terminating_pod(releases: Any, rt: Any) -> dict[str, str]:
             return {r.pod.uid: DELETING for r in releases}
 
         ctl.reconciler.patcher.release_all = landed_on_a_terminating_pod  # type: ignore[method-assign]
