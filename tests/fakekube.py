@@ -95,9 +95,9 @@ def apply_json_patch(obj: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str
     server's (its JSON-patch library's text after the generic 422 message)."""
     doc = copy.deepcopy(obj)
     for op in ops:
-        parts = _pointer(op["path"])
         parent: Any = doc
         try:
+            parts = _pointer(op["path"])
             for p in parts[:-1]:
                 parent = parent[int(p)] if isinstance(parent, list) else parent[p]
             last = parts[-1]
@@ -122,8 +122,11 @@ def apply_json_patch(obj: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str
                         parent[int(last)] = op["value"]
                 else:
                     parent[last] = op["value"]
+            else:  # the API server refuses an operation it does not know
+                raise ApiError(422, f"{_PATCH_422}: Unexpected kind: {op['op']}")
         except (KeyError, IndexError, ValueError, TypeError) as exc:
-            raise ApiError(422, f"{_PATCH_422}: doc is missing path: {op['path']}") from exc
+            where = op.get("path", "(no path)")
+            raise ApiError(422, f"{_PATCH_422}: doc is missing path: {where}") from exc
     return doc
 
 
