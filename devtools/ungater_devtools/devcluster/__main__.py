@@ -41,8 +41,9 @@ def _build(args: argparse.Namespace) -> int:
         from ungater_devtools.devcluster import peerbuild
 
         try:
-            peers = peerbuild.ensure_peers(build=not args.no_build, log=say)
-        except peerbuild.PeersUnavailable as exc:
+            chosen = peerbuild.select_peers(args.kueue, log=say)
+            peers = peerbuild.ensure_peers(chosen, build=not args.no_build, log=say)
+        except (peerbuild.PeersUnavailable, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         for peer in peers.values():
@@ -63,6 +64,7 @@ def _up(args: argparse.Namespace) -> int:
     return dev_cluster_up(
         args.state_dir,
         peers=not args.no_peers,
+        kueue=args.kueue,
         stop_command="python -m ungater_devtools.devcluster down",
     )
 
@@ -71,6 +73,18 @@ def _down(args: argparse.Namespace) -> int:
     from ungater_devtools.devcluster.detached import dev_cluster_down
 
     return dev_cluster_down(args.state_dir)
+
+
+def _kueue_option(parser: argparse.ArgumentParser) -> None:
+    from ungater_devtools.devcluster import versions
+
+    parser.add_argument(
+        "--kueue",
+        choices=list(versions.KUEUE_PINS),
+        default=None,
+        help=f"the Kueue to run (default: ${versions.KUEUE_VERSION_ENV}, else "
+        f"{versions.KUEUE_VERSION})",
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -88,6 +102,7 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="leave out Kueue, the KubeRay operator and the JobSet controller",
     )
+    _kueue_option(p_build)
     p_build.set_defaults(func=_build)
     for name, func, text in (
         ("up", _up, "start a detached dev cluster (idempotent)"),
@@ -103,6 +118,7 @@ def parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="leave out Kueue, the KubeRay operator and the JobSet controller",
             )
+            _kueue_option(p)
         p.set_defaults(func=func)
     return parser
 
