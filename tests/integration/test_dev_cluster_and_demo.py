@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from ungater_devtools.devcluster import versions
+
 pytestmark = pytest.mark.integration
 
 
@@ -53,6 +55,9 @@ def test_dev_cluster_up_then_down_leaves_nothing(control_plane: Any, tmp_path: P
         record = json.loads((state / "pids.json").read_text())
         pid_list = [int(p["pid"]) for p in record["processes"].values()]
         assert len(pid_list) == 6 and all(alive(p) for p in pid_list)  # with the peers
+        # the Kueue that runs (the default pin, or its fallback) is named and recorded
+        assert f"Kueue {record['kueue_version']}\n" in up.stdout
+        assert record["kueue_version"] in versions.KUEUE_PINS
         again = cli("dev-cluster", "up", "--state-dir", str(state))
         assert again.returncode == 0 and "already running" in again.stdout
         probe = cli("explain", "default/none", "--kubeconfig", str(kubeconfig))
@@ -117,7 +122,7 @@ def test_a_peer_builds_offline_from_its_verified_source_archive(
 ) -> None:
     """The way Kueue v0.19.2 is built when its archive is given: verified, kept in the cache,
     unpacked, built with its vendor/ and GOPROXY=off, its config/ kept for the manifests."""
-    from ungater_devtools.devcluster import peerbuild, versions
+    from ungater_devtools.devcluster import peerbuild
 
     if shutil.which("go") is None and os.environ.get("CI") != "true":
         pytest.skip("no Go toolchain")

@@ -93,6 +93,10 @@ def _usage(directory: Path, record: dict[str, Any], stop_command: str) -> str:
     return "\n".join(line for line in lines if line)
 
 
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
 def dev_cluster_up(
     state_dir: Path | None = None,
     *,
@@ -130,7 +134,10 @@ def dev_cluster_up(
                 target.unlink(missing_ok=True)
     directory.mkdir(parents=True, exist_ok=True)
     plane = LocalControlPlane(
-        state_dir=directory, detached=True, peers=peers, peer_options={"kueue_version": kueue}
+        state_dir=directory,
+        detached=True,
+        peers=peers,
+        peer_options={"kueue_version": kueue, "log": _say},
     )
     try:
         plane.start()
