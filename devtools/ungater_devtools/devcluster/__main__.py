@@ -1,8 +1,8 @@
 """Command line of the local control plane: ``python -m ungater_devtools.devcluster build|up|down``.
 
 ``build`` compiles (or reuses) the control plane's and the peer controllers' binaries and
-fetches the CRDs, printing what it did and how
-long it took; ``up``/``down`` start and stop a detached dev cluster for manual work.
+fetches the CRDs, printing what it did and how long it took (with no ``--kueue``: the default
+Kueue and those the tests ask for by name, ``versions.KUEUE_ALSO_BUILT``); ``up``/``down`` start and stop a detached dev cluster for manual work.
 """
 
 from __future__ import annotations
@@ -39,14 +39,21 @@ def _build(args: argparse.Namespace) -> int:
     print(f"{len(crds)} CRD manifests in the Go module cache")
     if not args.no_peers:
         from ungater_devtools.devcluster import peerbuild
+        from ungater_devtools.devcluster import versions as pins
 
         try:
             chosen = peerbuild.select_peers(args.kueue, log=say)
-            peers = peerbuild.ensure_peers(chosen, build=not args.no_build, log=say)
+            built = list(peerbuild.ensure_peers(chosen, build=not args.no_build, log=say).values())
+            # the other Kueues the tests ask for by name, unless one Kueue was asked for
+            kueue = next(b.peer.version for b in built if b.peer.name == "kueue")
+            for version in () if args.kueue else pins.KUEUE_ALSO_BUILT:
+                if version != kueue:
+                    pin = [pins.KUEUE_PINS[version]]
+                    built += peerbuild.ensure_peers(pin, build=not args.no_build, log=say).values()
         except (peerbuild.PeersUnavailable, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        for peer in peers.values():
+        for peer in built:
             stamp = peerbuild.read_peer_stamp(peer.peer) or {}
             print(
                 f"  {peer.path.name:<24} {peer.path.stat().st_size / 2**20:7.1f} MiB"

@@ -32,6 +32,7 @@ __all__ = [
     "KUBERAY_VERSION",
     "KUBERNETES_MODULE",
     "KUBERNETES_VERSION",
+    "KUEUE_ALSO_BUILT",
     "KUEUE_PINS",
     "KUEUE_VERSION",
     "KUEUE_VERSION_ENV",
@@ -51,6 +52,9 @@ ETCD_VERSION = "v3.6.16"
 
 KUEUE_VERSION = "v0.17.0"  # the default Kueue of the dev cluster, the fixtures and the demo
 KUEUE_VERSION_ENV = "UNGATER_KUEUE_VERSION"
+#: built by ``devcluster build`` beside the default: the real-peer tests that need an elastic
+#: JobSet or a Kueue releasing past its admitted count ask for it by name
+KUEUE_ALSO_BUILT: tuple[str, ...] = ("v0.17.1",)
 JOBSET_VERSION = "v0.12.0"
 KUBERAY_VERSION = "v1.6.1"
 
