@@ -210,3 +210,38 @@ def test_a_replacement_naming_a_missing_webhook_is_an_error(tmp_path: Path) -> N
     broken = _REPLACEMENTS.replace("name=vjob.kb.io", "name=vgone.kb.io")
     with pytest.raises(ValueError, match=r"has no webhook vgone\.kb\.io"):
         render_webhooks(_webhook_tree(tmp_path, broken), prefix="", port=1, ca_bundle=b"")
+
+
+def test_rbac_resource_names_of_renamed_webhook_configurations_follow_the_prefix(
+    tmp_path: Path,
+) -> None:
+    """Kueue v0.19's manager may update its webhook configurations only by name: the rendered
+    role names them with the prefix, as config/default's name reference makes kustomize do."""
+    from ungater_devtools.devcluster.peers import render_rbac
+
+    (tmp_path / "kustomization.yaml").write_text("resources: [role.yaml]\n")
+    (tmp_path / "role.yaml").write_text(
+        textwrap.dedent(
+            """\
+            apiVersion: rbac.authorization.k8s.io/v1
+            kind: ClusterRole
+            metadata: {name: manager-role}
+            rules:
+            - apiGroups: [admissionregistration.k8s.io]
+              resources: [mutatingwebhookconfigurations]
+              resourceNames: [mutating-webhook-configuration]
+              verbs: [get, update]
+            - apiGroups: [apiextensions.k8s.io]
+              resources: [customresourcedefinitions]
+              resourceNames: [workloads.kueue.x-k8s.io]
+              verbs: [update]
+            """
+        )
+    )
+    renamed = {"mutating-webhook-configuration": "kueue-mutating-webhook-configuration"}
+    [role] = render_rbac(tmp_path, prefix="kueue-", namespace="ns", renamed=renamed)
+    assert role["metadata"]["name"] == "kueue-manager-role"
+    assert [r["resourceNames"] for r in role["rules"]] == [
+        ["kueue-mutating-webhook-configuration"],
+        ["workloads.kueue.x-k8s.io"],
+    ]

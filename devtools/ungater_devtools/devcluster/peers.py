@@ -27,7 +27,7 @@ import copy
 import http.client
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -99,11 +99,20 @@ def _kustomization(directory: Path) -> dict[str, Any]:
 _NAMESPACED = {"ServiceAccount", "Role", "RoleBinding", "Secret", "Service"}
 
 
-def render_rbac(directory: Path, *, prefix: str, namespace: str) -> list[dict[str, Any]]:
+def render_rbac(
+    directory: Path,
+    *,
+    prefix: str,
+    namespace: str,
+    renamed: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
     """The RBAC objects of a kustomization directory, with its name prefix and namespace.
 
     Only what ``resources`` lists is read, the way kustomize would; names, role references and
     service-account subjects get the prefix, namespaced objects and subjects the namespace.
+    ``renamed`` maps other objects' old names to their rendered ones in the rules'
+    ``resourceNames`` (Kueue v0.19's ``config/default`` teaches kustomize that for its webhook
+    configurations, which its cert rotator may update only by name).
     """
     objects: list[dict[str, Any]] = []
     for resource in _kustomization(directory).get("resources") or ():
@@ -120,6 +129,9 @@ def render_rbac(directory: Path, *, prefix: str, namespace: str) -> list[dict[st
                 if subject.get("kind") == "ServiceAccount":
                     subject["name"] = prefix + subject["name"]
                     subject["namespace"] = namespace
+            for rule in obj.get("rules") or ():
+                if rule.get("resourceNames") and renamed:
+                    rule["resourceNames"] = [renamed.get(n, n) for n in rule["resourceNames"]]
             objects.append(obj)
     return objects
 
@@ -443,7 +455,9 @@ class Peers:
         root = binary.module_dir / "config/components"
         ns = KUEUE_NAMESPACE
         self._namespace(ns)
-        for obj in render_rbac(root / "rbac", prefix="kueue-", namespace=ns):
+        webhook_configs = _load_all(root / "webhook" / "manifests.yaml")
+        renamed = {d["metadata"]["name"]: "kueue-" + d["metadata"]["name"] for d in webhook_configs}
+        for obj in render_rbac(root / "rbac", prefix="kueue-", namespace=ns, renamed=renamed):
             self._apply(obj)
         kubeconfig = self._token_kubeconfig("kueue", ns, "kueue-controller-manager")
         port = self.webhook_ports["kueue"]
