@@ -617,11 +617,20 @@ def create_default_flavor(plane: LocalControlPlane) -> None:
         raise RuntimeError(f"creating ResourceFlavor {DEFAULT_FLAVOR}: HTTP {status}: {body}")
 
 
+#: memory is covered too, far beyond any test's need: from v0.19 Kueue counts the Ray
+#: autoscaler sidecar (500m CPU, 512Mi) in a RayJob's or RayService's head pod set, and a
+#: queue without memory leaves that inadmissible ("resource memory unavailable")
+QUEUE_MEMORY = "1Ti"
+
+
 def cluster_queue_object(name: str, cpu: int, namespace: str | None = None) -> dict[str, Any]:
-    """A ClusterQueue with ``cpu`` CPUs of the default flavor, open to every namespace or, with
-    ``namespace``, to that one alone."""
+    """A ClusterQueue with ``cpu`` CPUs (and :data:`QUEUE_MEMORY`) of the default flavor, open
+    to every namespace or, with ``namespace``, to that one alone."""
     selector = {"matchLabels": {"kubernetes.io/metadata.name": namespace}} if namespace else {}
-    resources = [{"name": "cpu", "nominalQuota": str(cpu)}]
+    resources = [
+        {"name": "cpu", "nominalQuota": str(cpu)},  # first: set_quota changes it
+        {"name": "memory", "nominalQuota": QUEUE_MEMORY},
+    ]
     return {
         "apiVersion": "kueue.x-k8s.io/v1beta2",
         "kind": "ClusterQueue",
@@ -630,7 +639,7 @@ def cluster_queue_object(name: str, cpu: int, namespace: str | None = None) -> d
             "namespaceSelector": selector,
             "resourceGroups": [
                 {
-                    "coveredResources": ["cpu"],
+                    "coveredResources": ["cpu", "memory"],
                     "flavors": [{"name": DEFAULT_FLAVOR, "resources": resources}],
                 }
             ],

@@ -11,9 +11,13 @@ Why these pins (checked against the Go module proxy with Go 1.26.8):
 * Kueue: three selectable pins (:data:`KUEUE_PINS`, chosen by ``--kueue`` or
   ``$UNGATER_KUEUE_VERSION``, :func:`kueue_pin`).  v0.19.2, the current release, is not served
   by the proxy here: it is built from its source archive (upstream tag with ``vendor/``) when
-  one is given, else from its module.  v0.17.1 is the newest served, the first with Kueue's own
-  ``ElasticJobUngater`` (off unless workload slices are on).  v0.17.0, the last Kueue that
-  releases every pod of an admitted slice, stays selectable.  All store Workloads as v1beta2.
+  one is given, else from its module; it is the default (falling back to v0.17.1, see
+  ``peerbuild.select_peers``).  v0.17.1 is the newest served, the first with Kueue's own
+  ``ElasticJobUngater`` (off unless workload slices are on); the tests that need an elastic
+  JobSet or a release past the admitted count ask for it.  v0.17.0, the last Kueue that
+  releases every pod of an admitted slice, stays selectable but is no longer built unless
+  asked for; its Workload CRD is still the plain control plane's.  All store Workloads as
+  v1beta2.
 * JobSet v0.12.0: newest served (v0.12.1 and v0.13.0 are refused by the proxy).
 * KubeRay ray-operator v1.6.1: newest whose module zip is served (v1.7.0 lists but its zip
   is refused).
@@ -33,6 +37,7 @@ __all__ = [
     "KUBERNETES_MODULE",
     "KUBERNETES_VERSION",
     "KUEUE_ALSO_BUILT",
+    "KUEUE_CRD_VERSION",
     "KUEUE_PINS",
     "KUEUE_VERSION",
     "KUEUE_VERSION_ENV",
@@ -50,7 +55,9 @@ KUBERNETES_VERSION = "v1.35.4"
 ETCD_MODULE = "go.etcd.io/etcd/server/v3"
 ETCD_VERSION = "v3.6.16"
 
-KUEUE_VERSION = "v0.17.0"  # the default Kueue of the dev cluster, the fixtures and the demo
+KUEUE_VERSION = "v0.19.2"  # the default Kueue of the dev cluster, the fixtures and the demo
+#: the Workload CRD of the plain control plane (no peers): from a module the proxy serves
+KUEUE_CRD_VERSION = "v0.17.0"
 KUEUE_VERSION_ENV = "UNGATER_KUEUE_VERSION"
 #: built by ``devcluster build`` beside the default: the real-peer tests that need an elastic
 #: JobSet or a Kueue releasing past its admitted count ask for it by name
@@ -71,7 +78,7 @@ class CrdModule:
 CRD_MODULES: tuple[CrdModule, ...] = (
     CrdModule(
         module="sigs.k8s.io/kueue",
-        version=KUEUE_VERSION,
+        version=KUEUE_CRD_VERSION,
         paths=("config/components/crd/bases/kueue.x-k8s.io_workloads.yaml",),
     ),
     CrdModule(
