@@ -25,8 +25,9 @@ __all__ = [
 ]
 
 KUEUE_GATE = "kueue.x-k8s.io/elastic-job"
-#: ungater's own gate in the templates: Kueue v0.17.0 releases its gate itself, so each
-#: releaser has one gate of its own on the same pods, and each is timed on its own.
+#: ungater's own gate in the templates: every Kueue the dev cluster runs releases its gate itself
+#: (v0.17.0 from every admitted pod, from v0.17.1 its ElasticJobUngater up to the admitted
+#: count), so each releaser has one gate of its own on the same pods, timed on its own.
 UNGATER_GATE = "bench.ungater.example/release"
 _API = ("kueue.x-k8s.io", "v1beta2")
 FLAVORS = Resource(*_API, "resourceflavors", "ResourceFlavor", namespaced=False)

@@ -31,17 +31,29 @@ class DevCluster:
             action="store_true",
             help="up, build: leave out Kueue, the KubeRay operator and the JobSet controller",
         )
+        from ungater_devtools.devcluster import versions
+
+        parser.add_argument(
+            "--kueue",
+            choices=list(versions.KUEUE_PINS),
+            default=None,
+            help=f"up, build: the Kueue to run (default: ${versions.KUEUE_VERSION_ENV}, else "
+            f"{versions.KUEUE_VERSION})",
+        )
 
     def run(self, args: argparse.Namespace) -> int:
         from ungater_devtools.devcluster import detached
 
         if args.action == "up":
-            return detached.dev_cluster_up(args.state_dir, peers=not args.no_peers)
+            return detached.dev_cluster_up(
+                args.state_dir, peers=not args.no_peers, kueue=args.kueue
+            )
         if args.action == "down":
             return detached.dev_cluster_down(args.state_dir)
         from ungater_devtools.devcluster.__main__ import main as dev_main
 
-        return dev_main(["build", *(["--no-peers"] if args.no_peers else [])])
+        kueue = ["--kueue", args.kueue] if args.kueue else []
+        return dev_main(["build", *(["--no-peers"] if args.no_peers else []), *kueue])
 
 
 class Demo:

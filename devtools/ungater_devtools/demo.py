@@ -1,15 +1,17 @@
 """``ungater demo``: a narrated elastic-job scenario on a real local control plane.
 
 It starts etcd, kube-apiserver, kube-controller-manager (the real Job controller creates and
-deletes the pods) and the real Kueue v0.17.0 (its webhooks suspend and gate the Job, its
-scheduler admits Workload slices against a ClusterQueue's quota), then runs ``ungater run`` as
-a separate process exactly as a user would.  Nothing is simulated: the demo only does what a
-user does (create queues and Jobs, scale, delete) and prints what the cluster shows.
+deletes the pods) and the real Kueue of the dev cluster's pin table (``$UNGATER_KUEUE_VERSION``,
+else the default; its webhooks suspend and gate the Job, its scheduler admits Workload slices
+against a ClusterQueue's quota), then runs ``ungater run`` as a separate process exactly as a
+user would.  Nothing is simulated: the demo only does what a user does (create queues and Jobs,
+scale, delete) and prints what the cluster shows.
 
-Kueue v0.17.0 removes its own gate (``kueue.x-k8s.io/elastic-job``) itself, from every pod of
-an admitted slice at once; there is no switch to turn that off.  So the Job's template carries
-a second gate that ungater releases, one pod per admitted slot, lowest completion index first:
-a pod is scheduled only once both are gone.
+Kueue removes its own gate (``kueue.x-k8s.io/elastic-job``) itself: v0.17.0 from every pod of
+an admitted slice, from v0.17.1 its ElasticJobUngater up to the admitted count, in pod name
+order; from v0.18 that is on whenever slices are.  So the Job's template carries a second gate
+that ungater releases, one pod per admitted slot, lowest completion index first: a pod is
+scheduled only once both are gone.
 """
 
 from __future__ import annotations
@@ -247,7 +249,7 @@ class Scenario:
         say("   Kueue's webhook suspends it and adds Kueue's gate to the pod template; the")
         say(f"   template also has ungater's gate {DEMO_GATE}. Kueue admits a Workload slice")
         say("   for 3 pods (5 of 6 CPUs used), the Job controller creates 3 gated pods, Kueue")
-        say("   lifts its own gate from all of them and ungater releases exactly 3, lowest")
+        say("   lifts its own gate from them and ungater releases exactly 3, lowest")
         say("   completion index first:")
         self.job = await self.c.create(
             JOBS, NS, queued_job("train", 3, gate=DEMO_GATE, queue=QUEUE)
@@ -284,9 +286,9 @@ def run_demo(state_dir: Path | None = None, fast: bool = False) -> int:
     ``state_dir`` is given) and the directory holding the demo's config and log."""
     from ungater_devtools.devcluster.cluster import LocalControlPlane
 
-    say("ungater demo: a real kube-apiserver, etcd, Job controller and Kueue v0.17.0 on 127.0.0.1.")
+    say("ungater demo: a real kube-apiserver, etcd, Job controller and Kueue on 127.0.0.1.")
     say("Starting them (the first run builds them from Go modules; then about a minute) ...")
-    plane = LocalControlPlane(state_dir=state_dir, peers=("kueue",))
+    plane = LocalControlPlane(state_dir=state_dir, peers=("kueue",), peer_options={"log": say})
     try:
         plane.start()
         with tempfile.TemporaryDirectory(prefix="ungater-demo-") as work:
@@ -304,7 +306,11 @@ def _run_with_controller(plane: Any, work: Path, fast: bool) -> int:
     log_path = work / "ungater.log"
     proc = None
     try:
-        say(f"Control plane ready at {plane.server_url}; Kueue runs as its own service account.")
+        kueue = plane.peers.kueue_version if plane.peers is not None else "?"
+        say(
+            f"Control plane ready at {plane.server_url}; Kueue {kueue} runs as its own "
+            "service account."
+        )
         say(
             f"Starting the controller: ungater run --kubeconfig {plane.kubeconfig_path} "
             f"--config {config}"

@@ -9,6 +9,11 @@ When the binaries cannot be had, the fixture fails under ``CI=true`` (a CI that 
 its integration tests is worse than a red one) and skips elsewhere, saying how to get them.
 ``UNGATER_CONTROL_PLANE=skip`` forces the skip outside CI; ``UNGATER_CONTROL_PLANE=reuse``
 uses cached binaries only and never starts a (long) build.
+
+``kueue_cluster`` runs the Kueue a test asks for with ``@pytest.mark.kueue_version("v0.17.1")``
+(on the test, its class or its module), else ``$UNGATER_KUEUE_VERSION``, else the default pin.
+One Kueue cluster lives at a time: a test that asks for another version stops the running one
+and starts its own, so keep the tests of one version together (a module marker does).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import re
 import secrets
 from collections.abc import Callable, Generator, Iterator
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import pytest
@@ -51,14 +57,61 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[LocalControlPlane]
     yield from _started_plane(request, peers=False)
 
 
+class _KueueClusters:
+    """The one running Kueue cluster of the session, by the Kueue version asked for."""
+
+    def __init__(self, request: pytest.FixtureRequest) -> None:
+        self._request = request
+        self._asked: str | None = None
+        self._running: Iterator[LocalControlPlane] | None = None
+        self._plane: LocalControlPlane | None = None
+        self._failed: dict[str | None, BaseException] = {}  # skip or failure, given once
+
+    def get(self, version: str | None) -> LocalControlPlane:
+        if version in self._failed:
+            raise self._failed[version]
+        if self._plane is None or version != self._asked:
+            self.close()
+            self._asked = version
+            self._running = _started_plane(self._request, peers=True, kueue_version=version)
+            try:
+                self._plane = next(self._running)
+            except BaseException as exc:  # pytest's skip and fail are BaseExceptions
+                self._running = None
+                self._failed[version] = exc
+                raise
+        return self._plane
+
+    def close(self) -> None:
+        running, self._running, self._plane = self._running, None, None
+        if running is not None:
+            next(running, None)  # runs the generator's clean-up: stops the plane
+
+
 @pytest.fixture(scope="session")
-def kueue_cluster(request: pytest.FixtureRequest) -> Iterator[LocalControlPlane]:
-    """A second control plane of its own, running the real Kueue, KubeRay operator and JobSet
-    controller (``plane.peers``); a ResourceFlavor ``default-flavor`` exists."""
-    yield from _started_plane(request, peers=True)
+def _kueue_clusters(request: pytest.FixtureRequest) -> Iterator[_KueueClusters]:
+    clusters = _KueueClusters(request)
+    try:
+        yield clusters
+    finally:
+        clusters.close()
 
 
-def _started_plane(request: pytest.FixtureRequest, *, peers: bool) -> Iterator[LocalControlPlane]:
+@pytest.fixture
+def kueue_cluster(
+    _kueue_clusters: _KueueClusters, request: pytest.FixtureRequest
+) -> LocalControlPlane:
+    """A second control plane of its own, running the real Kueue (the version of the
+    ``kueue_version`` marker, else the default), KubeRay operator and JobSet controller
+    (``plane.peers``); a ResourceFlavor ``default-flavor`` exists. Shared by the tests that
+    ask for the same Kueue in a row."""
+    marker = request.node.get_closest_marker("kueue_version")
+    return _kueue_clusters.get(str(marker.args[0]) if marker is not None else None)
+
+
+def _started_plane(
+    request: pytest.FixtureRequest, *, peers: bool, kueue_version: str | None = None
+) -> Iterator[LocalControlPlane]:
     mode = os.environ.get("UNGATER_CONTROL_PLANE", "").strip().lower()
     if mode == "skip" and not _in_ci():
         pytest.skip(f"UNGATER_CONTROL_PLANE=skip; {_HOW_TO_GET}")
@@ -101,10 +154,21 @@ def _started_plane(request: pytest.FixtureRequest, *, peers: bool) -> Iterator[L
             PeersUnavailable,
             ensure_peers,
             find_peers,
+            select_peers,
         )
 
+        try:
+            chosen = select_peers(kueue_version, log=say)
+        except (PeersUnavailable, ValueError) as exc:
+            _unavailable(str(exc))
         peer_options["binaries"] = _built_or_reused(
-            "the peers", find_peers, ensure_peers, PeersUnavailable, mode, say, capture
+            "the peers",
+            partial(find_peers, chosen),
+            partial(ensure_peers, chosen),
+            PeersUnavailable,
+            mode,
+            say,
+            capture,
         )
 
     plane = LocalControlPlane(binaries, peers=peers, peer_options=peer_options)
@@ -127,7 +191,10 @@ def _started_plane(request: pytest.FixtureRequest, *, peers: bool) -> Iterator[L
         if plane.peers is not None:
             timings = ", ".join(f"{k} {v}s" for k, v in plane.peers.seconds.items())
             with _uncaptured(capture):
-                say(f"peers {', '.join(plane.peers.names)} up (seconds since start: {timings})")
+                say(
+                    f"peers {', '.join(plane.peers.names)} (Kueue {plane.peers.kueue_version}) "
+                    f"up (seconds since start: {timings})"
+                )
     _ACTIVE.append(plane)
     try:
         yield plane
@@ -219,6 +286,9 @@ def kueue_namespace(
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "kueue_quota(cpu=N): the CPU quota of kueue_namespace's ClusterQueue"
+    )
+    config.addinivalue_line(
+        "markers", "kueue_version(v): the Kueue version kueue_cluster runs for this test"
     )
 
 

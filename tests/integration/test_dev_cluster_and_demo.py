@@ -3,15 +3,20 @@ control plane from the cached binaries (the session fixture only makes sure they
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from ungater_devtools.devcluster import versions
 
 pytestmark = pytest.mark.integration
 
@@ -50,6 +55,9 @@ def test_dev_cluster_up_then_down_leaves_nothing(control_plane: Any, tmp_path: P
         record = json.loads((state / "pids.json").read_text())
         pid_list = [int(p["pid"]) for p in record["processes"].values()]
         assert len(pid_list) == 6 and all(alive(p) for p in pid_list)  # with the peers
+        # the Kueue that runs (the default pin, or its fallback) is named and recorded
+        assert f"Kueue {record['kueue_version']}\n" in up.stdout
+        assert record["kueue_version"] in versions.KUEUE_PINS
         again = cli("dev-cluster", "up", "--state-dir", str(state))
         assert again.returncode == 0 and "already running" in again.stdout
         probe = cli("explain", "default/none", "--kubeconfig", str(kubeconfig))
@@ -84,3 +92,69 @@ def test_demo_runs_the_narrated_scenario(control_plane: Any, tmp_path: Path) -> 
     final = out.split("== 6.")[1].split("What the controller")[0].strip().split("\n\n")[-1]
     assert final.count("released        released") == 3, final
     assert "pod set main: cap 3 (spec 3, admitted 5, owner 3), released 3" in out
+
+
+def _toy_archive(root: Path) -> Path:
+    """A main module whose one dependency exists only in its ``vendor/``: it builds offline
+    with ``-mod=vendor`` and nothing else."""
+    tree = root / "toy-v1.0.0"
+    files = {
+        "go.mod": "module example.com/toy\n\ngo 1.26.0\n\nrequire example.com/dep v1.0.0\n",
+        "main.go": (
+            'package main\n\nimport (\n\t"fmt"\n\n\t"example.com/dep"\n)\n\n'
+            'var GitVersion = "dev"\n\nfunc main() { fmt.Println(GitVersion, dep.Name) }\n'
+        ),
+        "vendor/modules.txt": "# example.com/dep v1.0.0\n## explicit; go 1.26\nexample.com/dep\n",
+        "vendor/example.com/dep/dep.go": 'package dep\n\nconst Name = "vendored"\n',
+        "config/components/crd/bases/toy.yaml": "kind: CustomResourceDefinition\n",
+    }
+    for rel, text in files.items():
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text(text)
+    archive = root / "toy-v1.0.0.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tree, arcname=tree.name)
+    return archive
+
+
+def test_a_peer_builds_offline_from_its_verified_source_archive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The way Kueue v0.19.2 is built when its archive is given: verified, kept in the cache,
+    unpacked, built with its vendor/ and GOPROXY=off, its config/ kept for the manifests."""
+    from ungater_devtools.devcluster import peerbuild
+
+    if shutil.which("go") is None and os.environ.get("CI") != "true":
+        pytest.skip("no Go toolchain")
+    archive = _toy_archive(tmp_path / "shared")
+    pin = versions.Peer(
+        name="toy",
+        module="example.com/toy",
+        version="v1.0.0",
+        package=".",
+        binary="toy",
+        version_ldflags=("main.GitVersion={version}",),
+        archive=versions.SourceArchive(
+            file=archive.name,
+            sha256=hashlib.sha256(archive.read_bytes()).hexdigest(),
+            top="toy-v1.0.0",
+        ),
+    )
+    monkeypatch.setenv("UNGATER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv(peerbuild.PEER_SOURCES_ENV, str(archive.parent))
+    monkeypatch.setenv("GOPROXY", "off")  # and the module itself is nowhere: no fallback to it
+    said: list[str] = []
+    [built] = peerbuild.ensure_peers([pin], log=said.append).values()
+    run = subprocess.run([str(built.path)], capture_output=True, text=True, check=True)
+    assert run.stdout.split() == ["v1.0.0", "vendored"]
+    assert built.module_dir == peerbuild.peer_dir(pin) / "source"
+    assert (built.module_dir / "config/components/crd/bases/toy.yaml").is_file()
+    assert (peerbuild.sources_dir() / archive.name).read_bytes() == archive.read_bytes()
+    stamp = peerbuild.read_peer_stamp(pin) or {}
+    assert stamp["source"].startswith(f"archive {archive.name} sha256:")
+    assert not (peerbuild.peer_dir(pin) / "src").exists(), "the unpacked tree is removed"
+    assert any("sha256 verified" in line for line in said), said
+    # a later checkout without the shared directory: found built, nothing looked up
+    monkeypatch.delenv(peerbuild.PEER_SOURCES_ENV)
+    archive.unlink()
+    assert peerbuild.find_peers([pin]) == {"toy": built}

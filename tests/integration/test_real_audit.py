@@ -51,7 +51,12 @@ from ungater._config import Config
 from ungater._explain import explain
 from ungater_devtools.devcluster.peers import set_quota
 
-pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+# a Kueue that releases past the admitted count (kueue#11977): v0.17.1
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.anyio,
+    pytest.mark.kueue_version("v0.17.1"),
+]
 
 HOLD = "example.com/hold"  # pods with this label keep Kueue's gate: the policy refuses Kueue
 KUEUE_USER = "system:serviceaccount:kueue-system:kueue-controller-manager"

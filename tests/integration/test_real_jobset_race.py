@@ -42,7 +42,12 @@ from tests.integration.test_real_jobset import jobset, jobset_uid, n_pods, scale
 from tests.objects import PODS, WORKLOADS, gates_of
 from tests.polling import eventually
 
-pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+# elastic JobSets: Kueue v0.19.2 refuses them
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.anyio,
+    pytest.mark.kueue_version("v0.17.1"),
+]
 
 ROUNDS = 5
 INDEX = "batch.kubernetes.io/job-completion-index"

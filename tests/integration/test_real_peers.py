@@ -125,3 +125,28 @@ def test_a_peer_lives_and_dies_with_its_control_plane(control_plane: Any) -> Non
         except OSError:
             continue  # gone
         assert stat.rsplit(")", 1)[-1].split()[0] == "Z", f"pid {pid} still runs"
+
+
+def test_kueue_runs_the_version_asked_for_with_the_webhooks_of_its_own_tree(
+    kueue_cluster: Any,
+) -> None:
+    """The binary and its manifests come from the same tree: Kueue reports the pinned version,
+    and from v0.19 its webhook kustomization copies the pod webhook's namespace selector onto
+    every job webhook (``replacements``), while v0.17 leaves the job webhooks unselected."""
+    version = kueue_cluster.peers.kueue_version
+    log = (kueue_cluster.logs_dir / "kueue.log").read_text(errors="replace")
+    assert any("Initializing" in line and version in line for line in log.splitlines())
+    hooks: dict[str, Any] = {}
+    for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+        status, body = kueue_cluster.request("GET", f"/apis/admissionregistration.k8s.io/v1/{kind}")
+        assert status == 200
+        for config in body["items"]:
+            if config["metadata"]["name"].startswith("kueue-"):
+                hooks.update({h["name"]: h for h in config["webhooks"]})
+    pod_selector = hooks["vpod.kb.io"]["namespaceSelector"]
+    assert pod_selector["matchExpressions"][0]["values"] == ["kube-system", "kueue-system"]
+    job_hooks = ("mjob.kb.io", "vjob.kb.io", "mraycluster.kb.io", "vjobset.kb.io")
+    if version.startswith("v0.19."):
+        assert all(hooks[h]["namespaceSelector"] == pod_selector for h in job_hooks)
+    else:
+        assert all(not hooks[h]["namespaceSelector"] for h in job_hooks)

@@ -1,8 +1,8 @@
 """Command line of the local control plane: ``python -m ungater_devtools.devcluster build|up|down``.
 
 ``build`` compiles (or reuses) the control plane's and the peer controllers' binaries and
-fetches the CRDs, printing what it did and how
-long it took; ``up``/``down`` start and stop a detached dev cluster for manual work.
+fetches the CRDs, printing what it did and how long it took (with no ``--kueue``: the default
+Kueue and those the tests ask for by name, ``versions.KUEUE_ALSO_BUILT``); ``up``/``down`` start and stop a detached dev cluster for manual work.
 """
 
 from __future__ import annotations
@@ -39,13 +39,21 @@ def _build(args: argparse.Namespace) -> int:
     print(f"{len(crds)} CRD manifests in the Go module cache")
     if not args.no_peers:
         from ungater_devtools.devcluster import peerbuild
+        from ungater_devtools.devcluster import versions as pins
 
         try:
-            peers = peerbuild.ensure_peers(build=not args.no_build, log=say)
-        except peerbuild.PeersUnavailable as exc:
+            chosen = peerbuild.select_peers(args.kueue, log=say)
+            built = list(peerbuild.ensure_peers(chosen, build=not args.no_build, log=say).values())
+            # the other Kueues the tests ask for by name, unless one Kueue was asked for
+            kueue = next(b.peer.version for b in built if b.peer.name == "kueue")
+            for version in () if args.kueue else pins.KUEUE_ALSO_BUILT:
+                if version != kueue:
+                    pin = [pins.KUEUE_PINS[version]]
+                    built += peerbuild.ensure_peers(pin, build=not args.no_build, log=say).values()
+        except (peerbuild.PeersUnavailable, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        for peer in peers.values():
+        for peer in built:
             stamp = peerbuild.read_peer_stamp(peer.peer) or {}
             print(
                 f"  {peer.path.name:<24} {peer.path.stat().st_size / 2**20:7.1f} MiB"
@@ -63,6 +71,7 @@ def _up(args: argparse.Namespace) -> int:
     return dev_cluster_up(
         args.state_dir,
         peers=not args.no_peers,
+        kueue=args.kueue,
         stop_command="python -m ungater_devtools.devcluster down",
     )
 
@@ -71,6 +80,18 @@ def _down(args: argparse.Namespace) -> int:
     from ungater_devtools.devcluster.detached import dev_cluster_down
 
     return dev_cluster_down(args.state_dir)
+
+
+def _kueue_option(parser: argparse.ArgumentParser) -> None:
+    from ungater_devtools.devcluster import versions
+
+    parser.add_argument(
+        "--kueue",
+        choices=list(versions.KUEUE_PINS),
+        default=None,
+        help=f"the Kueue to run (default: ${versions.KUEUE_VERSION_ENV}, else "
+        f"{versions.KUEUE_VERSION})",
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -88,6 +109,7 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="leave out Kueue, the KubeRay operator and the JobSet controller",
     )
+    _kueue_option(p_build)
     p_build.set_defaults(func=_build)
     for name, func, text in (
         ("up", _up, "start a detached dev cluster (idempotent)"),
@@ -103,6 +125,7 @@ def parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="leave out Kueue, the KubeRay operator and the JobSet controller",
             )
+            _kueue_option(p)
         p.set_defaults(func=func)
     return parser
 

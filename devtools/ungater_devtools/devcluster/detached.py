@@ -82,6 +82,7 @@ def _usage(directory: Path, record: dict[str, Any], stop_command: str) -> str:
     lines = [
         f"kube-apiserver {record.get('kubernetes_version', '')} at {record.get('server_url')}",
         "peers: " + (", ".join(record.get("peers") or ()) or "none"),
+        f"Kueue {record.get('kueue_version')}" if record.get("kueue_version") else "",
         f"state and logs: {directory}",
         "use it with:",
         f"  export KUBECONFIG={kubeconfig}",
@@ -89,19 +90,25 @@ def _usage(directory: Path, record: dict[str, Any], stop_command: str) -> str:
         "stop it with:",
         f"  {stop_command} --state-dir {directory}",
     ]
-    return "\n".join(lines)
+    return "\n".join(line for line in lines if line)
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
 
 
 def dev_cluster_up(
     state_dir: Path | None = None,
     *,
     peers: bool = True,
+    kueue: str | None = None,
     stop_command: str = "ungater dev-cluster down",
 ) -> int:
     """Start a detached dev cluster (or report the running one); returns an exit code.
 
     With ``peers`` (the default) the real Kueue, KubeRay operator and JobSet controller run
-    in it too, and a ResourceFlavor ``default-flavor`` exists. ``stop_command`` is printed as
+    in it too (Kueue ``kueue``, else the default of :func:`versions.kueue_pin`), and a
+    ResourceFlavor ``default-flavor`` exists. ``stop_command`` is printed as
     the way to stop it: the same command line the user started it with.
     """
     from ungater_devtools.devcluster.build import ControlPlaneUnavailable
@@ -126,14 +133,19 @@ def dev_cluster_up(
             else:
                 target.unlink(missing_ok=True)
     directory.mkdir(parents=True, exist_ok=True)
-    plane = LocalControlPlane(state_dir=directory, detached=True, peers=peers)
+    plane = LocalControlPlane(
+        state_dir=directory,
+        detached=True,
+        peers=peers,
+        peer_options={"kueue_version": kueue, "log": _say},
+    )
     try:
         plane.start()
         if peers:
             from ungater_devtools.devcluster.peers import create_default_flavor
 
             create_default_flavor(plane)
-    except (ControlPlaneUnavailable, ControlPlaneStartError) as exc:
+    except (ControlPlaneUnavailable, ControlPlaneStartError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         print(f"logs: {directory / 'logs'}", file=sys.stderr)
         return 1
@@ -143,6 +155,7 @@ def dev_cluster_up(
         "etcd_url": plane.etcd_url,
         "kubernetes_version": plane.binaries.kubernetes_version,
         "peers": list(plane.peers.names) if plane.peers is not None else [],
+        "kueue_version": plane.peers.kueue_version if plane.peers is not None else None,
         "processes": {
             name: {"pid": info.pid, "args": info.args, "log": str(info.log_path)}
             for name, info in plane.processes.items()

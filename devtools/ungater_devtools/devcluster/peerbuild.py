@@ -8,16 +8,27 @@ fails for JobSet here: the module proxy refuses JobSet's version list.)  The bin
 ``<cache root>/peers/<name>-<version>/bin``, one directory per pin, with a ``stamp.json`` written
 last; builds serialise on the control plane's own ``build.lock`` so that two Go builds never
 compete for the same two cores.  The copy of the sources is removed after a build; manifests
-(CRDs, RBAC, webhooks) are always read from the read-only module cache.
+(CRDs, RBAC, webhooks) are read from the read-only module cache.
+
+A peer pinned with a source archive (Kueue v0.19.2, which the module proxy here does not serve)
+is built from that archive when one is found (:func:`find_archive`: ``$UNGATER_PEER_SOURCES``,
+``../shared/peers/`` beside the checkout or the working directory, or the copy kept in the
+cache), checked against its sha256, with ``-mod=vendor`` and ``GOPROXY=off``; its ``config/``
+tree is kept beside the binary for the manifests.  Without an archive it is built from its
+module.  :func:`select_peers` falls back to the pin's fallback version (with one line saying
+so) when neither gives it and the version was not asked for by name; under ``CI=true`` that is
+an error.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import stat
 import subprocess
+import tarfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,11 +48,17 @@ __all__ = [
     "PeerBinary",
     "PeersUnavailable",
     "ensure_peers",
+    "find_archive",
     "find_peers",
+    "manifest_dir",
     "module_dir",
     "peer_dir",
     "read_peer_stamp",
+    "select_peers",
+    "sources_dir",
 ]
+
+PEER_SOURCES_ENV = "UNGATER_PEER_SOURCES"
 
 Log = Callable[[str], None]
 
@@ -113,7 +130,8 @@ def _go() -> str:
     return go
 
 
-def _env() -> dict[str, str]:
+def _env(*, vendored: bool = False) -> dict[str, str]:
+    """The Go environment of a peer build; ``vendored``: from its own ``vendor/``, offline."""
     env = dict(os.environ)
     flags = [f for f in env.get("GOFLAGS", "").split() if not f.startswith("-mod=")]
     env.update(
@@ -122,10 +140,103 @@ def _env() -> dict[str, str]:
             "GOTOOLCHAIN": "local",
             "GOWORK": "off",
             "GO111MODULE": "on",
-            "GOFLAGS": " ".join([*flags, "-mod=readonly", "-buildvcs=false"]),
+            "GOFLAGS": " ".join(
+                [*flags, "-mod=vendor" if vendored else "-mod=readonly", "-buildvcs=false"]
+            ),
         }
     )
+    if vendored:
+        env["GOPROXY"] = "off"
     return env
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}
+
+
+def sources_dir() -> Path:
+    """Where verified source archives are kept, so a later checkout elsewhere finds them."""
+    return cache_root() / "sources"
+
+
+def _archive_candidates(archive: versions.SourceArchive) -> list[Path]:
+    places: list[Path] = []
+    for entry in os.environ.get(PEER_SOURCES_ENV, "").split(os.pathsep):
+        if entry.strip():
+            path = Path(entry.strip()).expanduser()
+            places.append(path / archive.file if path.is_dir() else path)
+    checkout = Path(__file__).resolve().parents[3]
+    for root in (checkout, Path.cwd()):
+        places.append(root.parent / "shared" / "peers" / archive.file)
+    places.append(sources_dir() / archive.file)
+    return places
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def find_archive(peer: versions.Peer, log: Log | None = None) -> Path | None:
+    """The peer's verified source archive, copied into :func:`sources_dir`; None if none is
+    found. A file whose sha256 differs is named and passed over."""
+    archive = peer.archive
+    if archive is None:
+        return None
+    say = log or _noop_log
+    kept = sources_dir() / archive.file
+    seen: set[Path] = set()
+    for path in _archive_candidates(archive):
+        if not path.is_file() or path.resolve() in seen:
+            continue
+        seen.add(path.resolve())
+        digest = _sha256(path)
+        if digest != archive.sha256:
+            say(f"ignoring {path}: sha256 {digest}, expected {archive.sha256}")
+            continue
+        if path.resolve() != kept.resolve():
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            tmp = kept.with_name(f".{kept.name}.tmp")
+            shutil.copyfile(path, tmp)
+            os.replace(tmp, kept)
+        return kept
+    return None
+
+
+def _module_available(peer: versions.Peer) -> bool:
+    try:
+        _download(peer.module, peer.version, cache_root())
+    except PeersUnavailable:
+        return False
+    return True
+
+
+def select_peers(kueue: str | None = None, *, log: Log | None = None) -> tuple[versions.Peer, ...]:
+    """The peers with the Kueue asked for (``kueue``, else ``$UNGATER_KUEUE_VERSION``, else the
+    default). A default Kueue that is neither built, nor in a source archive, nor served by the
+    module proxy gives way to its fallback, with one line saying so (an error under CI=true)."""
+    say = log or _noop_log
+    explicit = bool(kueue or os.environ.get(versions.KUEUE_VERSION_ENV, "").strip())
+    pin = versions.kueue_pin(kueue)
+    if (
+        _is_complete(pin)
+        or find_archive(pin, say) is not None
+        or pin.fallback is None
+        or _module_available(pin)
+    ):
+        return versions.peers_for(pin)
+    where = f"${PEER_SOURCES_ENV}, ../shared/peers/, {sources_dir()}"
+    missing = (
+        f"Kueue {pin.version}: no source archive {pin.archive.file if pin.archive else ''} "
+        f"({where}) and the module proxy does not serve it"
+    )
+    if explicit or _in_ci():
+        raise PeersUnavailable(missing)
+    say(f"{missing}; using Kueue {pin.fallback} instead")
+    return versions.peers_for(pin.fallback)
 
 
 def _download(module: str, version: str, cwd: Path) -> dict[str, Any]:
@@ -158,6 +269,15 @@ def module_dir(module: str, version: str) -> Path:
     return Path(_download(module, version, cache_root())["Dir"])
 
 
+def manifest_dir(peer: versions.Peer) -> Path:
+    """The tree whose ``config/`` holds the peer's manifests: the one kept from its source
+    archive when it was built from one, else its module."""
+    kept = peer_dir(peer) / "source"
+    if (kept / "config").is_dir():
+        return kept
+    return module_dir(peer.module, peer.version)
+
+
 def _release_date(info: dict[str, Any]) -> str:
     try:
         return str(json.loads(Path(info["Info"]).read_text())["Time"])
@@ -183,16 +303,35 @@ def _copy_module(src: Path, dest: Path) -> None:
     Path(dest).chmod(Path(dest).stat().st_mode | stat.S_IWUSR)
 
 
+def _unpack(archive: Path, top: str, dest: Path) -> tuple[Path, str]:
+    """Unpack a source archive into ``dest``; its tree and the date of its ``go.mod``."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    with tarfile.open(archive) as tar:
+        member = tar.getmember(f"{top}/go.mod")
+        date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(member.mtime))
+        tar.extractall(dest, filter="data")
+    return dest / top, date
+
+
 def _build_one(peer: versions.Peer, log: Log) -> dict[str, Any]:
     directory = peer_dir(peer)
     bin_dir = directory / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     log_file = directory / "build.log"
     started = time.monotonic()
-    info = _download(peer.module, peer.version, directory)
     src = directory / "src"
-    _copy_module(Path(info["Dir"]), src)
-    date = _release_date(info)
+    archive = find_archive(peer, log)
+    if archive is not None and peer.archive is not None:
+        log(f"unpacking {archive} (sha256 verified)")
+        tree, date = _unpack(archive, peer.archive.top, src)
+        source = f"archive {peer.archive.file} sha256:{peer.archive.sha256}"
+    else:
+        info = _download(peer.module, peer.version, directory)
+        _copy_module(Path(info["Dir"]), src)
+        tree, date = src, _release_date(info)
+        source = f"module {peer.module}@{peer.version}"
     ldflags = ["-s", "-w"]
     for assignment in peer.version_ldflags:
         ldflags.append("-X " + assignment.format(version=peer.version, date=date))
@@ -212,12 +351,12 @@ def _build_one(peer: versions.Peer, log: Log) -> dict[str, Any]:
         str(tmp),
         peer.package,
     ]
-    log(f"go build {peer.module}@{peer.version} {peer.package} -> {target} (log: {log_file})")
+    log(f"go build {source} {peer.package} -> {target} (log: {log_file})")
     try:
         run_go_with_progress(
             cmd,
-            cwd=src,
-            env=_env(),
+            cwd=tree,
+            env=_env(vendored=archive is not None),
             log_file=log_file,
             what=f"{peer.name} {peer.version}",
             log=log,
@@ -225,6 +364,11 @@ def _build_one(peer: versions.Peer, log: Log) -> dict[str, Any]:
             timeout=_GO_TIMEOUT_S,
         )
         os.replace(tmp, target)
+        kept = directory / "source"
+        shutil.rmtree(kept, ignore_errors=True)
+        if archive is not None:
+            kept.mkdir()
+            shutil.copytree(tree / "config", kept / "config", symlinks=True)
     finally:
         shutil.rmtree(src, ignore_errors=True)
     seconds = round(time.monotonic() - started, 1)
@@ -233,6 +377,7 @@ def _build_one(peer: versions.Peer, log: Log) -> dict[str, Any]:
     ).stdout.strip()
     stamp = {
         **_expected_stamp(peer),
+        "source": source,
         "go": go_version,
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": seconds,
@@ -244,13 +389,10 @@ def _build_one(peer: versions.Peer, log: Log) -> dict[str, Any]:
 
 
 def find_peers(peers: Sequence[versions.Peer] = versions.PEERS) -> dict[str, PeerBinary] | None:
-    """The cached peer binaries if every one is built; never builds or downloads."""
+    """The cached peer binaries if every one is built; never builds."""
     if not all(_is_complete(p) for p in peers):
         return None
-    found: dict[str, PeerBinary] = {}
-    for peer in peers:
-        found[peer.name] = PeerBinary(peer, _binary(peer), module_dir(peer.module, peer.version))
-    return found
+    return {p.name: PeerBinary(p, _binary(p), manifest_dir(p)) for p in peers}
 
 
 def ensure_peers(
@@ -278,5 +420,5 @@ def ensure_peers(
     for peer in peers:
         if peer not in missing:
             say(f"reusing {_binary(peer)}")
-        found[peer.name] = PeerBinary(peer, _binary(peer), module_dir(peer.module, peer.version))
+        found[peer.name] = PeerBinary(peer, _binary(peer), manifest_dir(peer))
     return found

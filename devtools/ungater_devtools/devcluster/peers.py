@@ -9,6 +9,10 @@ cluster.  Each peer authenticates with a token of its own service account, so it
 upstream one and an admission policy can target it by name.  Everything lands in the control
 plane's state directory; the processes are the control plane's, stopped with it by pid.
 
+Which Kueue runs is a choice (:data:`versions.KUEUE_PINS`, ``kueue_version``); the manifests
+are always those of the same tree as the binary (for v0.19.2 built from its source archive, the
+``config/`` kept beside it), rendered with the kustomizations' patches and ``replacements``.
+
 Kueue runs with internal certificate management on (its default).  With it off, v0.17.0 insists
 on a metrics certificate at the fixed path ``/etc/kueue/metrics/certs``; with it on, the metrics
 server uses a self-signed certificate in memory, and the certificate rotator adopts the Secret
@@ -23,13 +27,13 @@ import copy
 import http.client
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ungater_devtools.devcluster import versions
-from ungater_devtools.devcluster.peerbuild import PeerBinary, ensure_peers
+from ungater_devtools.devcluster.peerbuild import PeerBinary, ensure_peers, select_peers
 
 if TYPE_CHECKING:
     from ungater_devtools.devcluster.cluster import LocalControlPlane
@@ -95,11 +99,20 @@ def _kustomization(directory: Path) -> dict[str, Any]:
 _NAMESPACED = {"ServiceAccount", "Role", "RoleBinding", "Secret", "Service"}
 
 
-def render_rbac(directory: Path, *, prefix: str, namespace: str) -> list[dict[str, Any]]:
+def render_rbac(
+    directory: Path,
+    *,
+    prefix: str,
+    namespace: str,
+    renamed: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
     """The RBAC objects of a kustomization directory, with its name prefix and namespace.
 
     Only what ``resources`` lists is read, the way kustomize would; names, role references and
     service-account subjects get the prefix, namespaced objects and subjects the namespace.
+    ``renamed`` maps other objects' old names to their rendered ones in the rules'
+    ``resourceNames`` (Kueue v0.19's ``config/default`` teaches kustomize that for its webhook
+    configurations, which its cert rotator may update only by name).
     """
     objects: list[dict[str, Any]] = []
     for resource in _kustomization(directory).get("resources") or ():
@@ -116,6 +129,9 @@ def render_rbac(directory: Path, *, prefix: str, namespace: str) -> list[dict[st
                 if subject.get("kind") == "ServiceAccount":
                     subject["name"] = prefix + subject["name"]
                     subject["namespace"] = namespace
+            for rule in obj.get("rules") or ():
+                if rule.get("resourceNames") and renamed:
+                    rule["resourceNames"] = [renamed.get(n, n) for n in rule["resourceNames"]]
             objects.append(obj)
     return objects
 
@@ -146,6 +162,44 @@ def _apply_json6902(config: dict[str, Any], ops: Iterable[dict[str, Any]]) -> No
             hooks.insert(index, copy.deepcopy(op["value"]))
 
 
+def _webhook_field(config: dict[str, Any], field_path: str) -> tuple[Any, str]:
+    """The webhook and key a ``webhooks.[name=<hook>].<key>`` field path names."""
+    head, _, rest = field_path.partition(".[name=")
+    hook_name, _, key = rest.partition("].")
+    if head != "webhooks" or not hook_name or not key or "." in key:
+        raise ValueError(f"unsupported replacement field path {field_path!r}")
+    for hook in config.get("webhooks") or ():
+        if hook.get("name") == hook_name:
+            return hook, key
+    raise ValueError(f"{config['metadata']['name']} has no webhook {hook_name} ({field_path})")
+
+
+def _apply_replacements(
+    configs: dict[str, dict[str, Any]], replacements: Iterable[dict[str, Any]]
+) -> None:
+    """Kustomize ``replacements`` between webhook configurations: copy one webhook's field
+    (e.g. Kueue v0.19's pod webhook ``namespaceSelector``) onto the named webhooks."""
+
+    def config_of(ref: dict[str, Any]) -> dict[str, Any]:
+        config = configs.get(str(ref.get("name")))
+        if config is None or config.get("kind") != ref.get("kind"):
+            raise ValueError(f"replacement names no webhook configuration here: {ref}")
+        return config
+
+    for replacement in replacements:
+        source = replacement["source"]
+        hook, key = _webhook_field(config_of(source), source["fieldPath"])
+        if key not in hook:
+            raise ValueError(f"replacement source {source} has no value")
+        for target in replacement.get("targets") or ():
+            config = config_of(target["select"])
+            for field_path in target.get("fieldPaths") or ():
+                create = bool((target.get("options") or {}).get("create"))
+                dest, dest_key = _webhook_field(config, field_path)
+                if dest_key in dest or create:
+                    dest[dest_key] = copy.deepcopy(hook[key])
+
+
 def render_webhooks(
     directory: Path, *, prefix: str, port: int, ca_bundle: bytes
 ) -> list[dict[str, Any]]:
@@ -168,6 +222,7 @@ def render_webhooks(
                 _apply_json6902(configs[target], data)
             elif isinstance(data, dict):
                 _apply_webhook_patch(configs, data)
+    _apply_replacements(configs, kustomization.get("replacements") or ())
     bundle = base64.b64encode(ca_bundle).decode()
     rendered = []
     for name, config in configs.items():
@@ -203,6 +258,7 @@ class Peers:
         names: Sequence[str] = PEER_NAMES,
         *,
         binaries: dict[str, PeerBinary] | None = None,
+        kueue_version: str | None = None,
         kueue_feature_gates: dict[str, bool] | None = None,
         log: Log | None = None,
     ) -> None:
@@ -212,6 +268,7 @@ class Peers:
         self.plane = plane
         self.names = tuple(n for n in PEER_NAMES if n in names)
         self._binaries = binaries
+        self._kueue_version = kueue_version
         self._gates = {
             "ElasticJobsViaWorkloadSlices": True,
             "VisibilityOnDemand": False,
@@ -238,9 +295,15 @@ class Peers:
     @property
     def binaries(self) -> dict[str, PeerBinary]:
         if self._binaries is None:
-            wanted = [p for p in versions.PEERS if p.name in self.names]
+            chosen = select_peers(self._kueue_version, log=self._log)
+            wanted = [p for p in chosen if p.name in self.names]
             self._binaries = ensure_peers(wanted, log=self._log)
         return self._binaries
+
+    @property
+    def kueue_version(self) -> str:
+        """The version of the Kueue that runs here (after any fallback)."""
+        return self.binaries["kueue"].peer.version
 
     # ----------------------------------------------------------------- manifests
     def crd_paths(self) -> list[Path]:
@@ -392,7 +455,9 @@ class Peers:
         root = binary.module_dir / "config/components"
         ns = KUEUE_NAMESPACE
         self._namespace(ns)
-        for obj in render_rbac(root / "rbac", prefix="kueue-", namespace=ns):
+        webhook_configs = _load_all(root / "webhook" / "manifests.yaml")
+        renamed = {d["metadata"]["name"]: "kueue-" + d["metadata"]["name"] for d in webhook_configs}
+        for obj in render_rbac(root / "rbac", prefix="kueue-", namespace=ns, renamed=renamed):
             self._apply(obj)
         kubeconfig = self._token_kubeconfig("kueue", ns, "kueue-controller-manager")
         port = self.webhook_ports["kueue"]
@@ -552,11 +617,20 @@ def create_default_flavor(plane: LocalControlPlane) -> None:
         raise RuntimeError(f"creating ResourceFlavor {DEFAULT_FLAVOR}: HTTP {status}: {body}")
 
 
+#: memory is covered too, far beyond any test's need: from v0.19 Kueue counts the Ray
+#: autoscaler sidecar (500m CPU, 512Mi) in a RayJob's or RayService's head pod set, and a
+#: queue without memory leaves that inadmissible ("resource memory unavailable")
+QUEUE_MEMORY = "1Ti"
+
+
 def cluster_queue_object(name: str, cpu: int, namespace: str | None = None) -> dict[str, Any]:
-    """A ClusterQueue with ``cpu`` CPUs of the default flavor, open to every namespace or, with
-    ``namespace``, to that one alone."""
+    """A ClusterQueue with ``cpu`` CPUs (and :data:`QUEUE_MEMORY`) of the default flavor, open
+    to every namespace or, with ``namespace``, to that one alone."""
     selector = {"matchLabels": {"kubernetes.io/metadata.name": namespace}} if namespace else {}
-    resources = [{"name": "cpu", "nominalQuota": str(cpu)}]
+    resources = [
+        {"name": "cpu", "nominalQuota": str(cpu)},  # first: set_quota changes it
+        {"name": "memory", "nominalQuota": QUEUE_MEMORY},
+    ]
     return {
         "apiVersion": "kueue.x-k8s.io/v1beta2",
         "kind": "ClusterQueue",
@@ -565,7 +639,7 @@ def cluster_queue_object(name: str, cpu: int, namespace: str | None = None) -> d
             "namespaceSelector": selector,
             "resourceGroups": [
                 {
-                    "coveredResources": ["cpu"],
+                    "coveredResources": ["cpu", "memory"],
                     "flavors": [{"name": DEFAULT_FLAVOR, "resources": resources}],
                 }
             ],
