@@ -99,8 +99,8 @@ async def test_a_release_patch_held_past_the_client_timeout_cannot_land_after_an
     await create_workload(kube, job, "job-late-a", {"main": 2})
     pods = {index(p): p for p in await kube.list(PODS, ns, sel)}
     first, second = pods[0]["metadata"], pods[1]["metadata"]
-    config = (
-        f"namespaces: [{ns}]\nserver: {{address: '127.0.0.1:0'}}\n"
+    config = (  # mode release: the test plays Kueue, so no other releaser is on its gate
+        f"namespaces: [{ns}]\nserver: {{address: '127.0.0.1:0'}}\nmode: release\n"
         f"client: {{requestTimeoutSeconds: {CLIENT_TIMEOUT_S}}}\n"
     )
     async with http_proxy(control_plane) as proxy, monitoring(kube, ns, sel, cap=1) as mon:
