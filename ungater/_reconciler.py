@@ -349,11 +349,14 @@ class Reconciler:
                 fresh[view.uid] = view
             cached.update((p.uid, p) for p in rt.pods.select(key.namespace, selector))
         s.stats.proof_reads += 1
-        if fresh.keys() == cached.keys() and all(
-            _not_older(cached[uid], view) for uid, view in fresh.items()
+        # the cache holds what the server holds: it may decide alone (unless another worker
+        # found, during our reads, that every cache is past the term's start: then all are)
+        if (
+            s.proven is not None
+            and fresh.keys() == cached.keys()
+            and all(_not_older(cached[uid], view) for uid, view in fresh.items())
         ):
-            assert s.proven is not None
-            s.proven.add(key)  # the cache holds what the server holds: it may decide alone
+            s.proven.add(key)
         return list(fresh.values())
 
     async def _settle_uncertain(self, key: OwnerKey, rt: KindRuntime) -> None:
