@@ -69,7 +69,7 @@ bench: control-plane
 	$(BIN)/python -m bench run
 
 # Mutation testing (docs/testing.md): slow (hours for every module on 2 cores), never run by CI.
-# Scope it with MUTANTS, a mutmut name pattern: make mutation MUTANTS='ungater._expectations*'
+# Scope it with MUTANTS, a mutmut name pattern: make mutation MUTANTS='ungater._decide.expectations*'
 MUTANTS ?=
 mutation: $(STAMP)
 	$(BIN)/pip install -q -e '.[mutation]'

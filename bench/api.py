@@ -24,7 +24,8 @@ from bench.objects import (
     pod_body,
     workload_body,
 )
-from ungater._kube import ApiClientKube, ApiError, Resource
+from ungater._kube.adapter import ApiClientKube
+from ungater._kube.client import ApiError, Resource
 
 __all__ = ["BenchApi", "bounded_gather"]
 

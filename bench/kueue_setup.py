@@ -9,7 +9,7 @@ from typing import Any
 
 from bench.api import BenchApi
 from bench.objects import JOBS
-from ungater._kube import ApiError, Resource
+from ungater._kube.client import ApiError, Resource
 from ungater_devtools.devcluster.peers import (
     DEFAULT_FLAVOR,
     cluster_queue_object,

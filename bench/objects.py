@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ungater._kube import PODS, Resource
+from ungater._kube.client import PODS, Resource
 
 __all__ = [
     "BENCH_LABEL",

@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 
 from bench.objects import CONTROLLER_UID, GATE, PODS
-from ungater._kube import GoneError, KubeClient
+from ungater._kube.client import GoneError, KubeClient
 
 __all__ = ["PodObserver"]
 

@@ -2,7 +2,7 @@
 
 Run as a separate process (``python -m bench.raw``), as the controller is: it lists the pods of
 a selector, says ``ready N`` on stdout, waits for a line on stdin, then sends one guarded JSON
-patch per pod (the controller's exact patch) through ``ungater._kube.connect`` with the same
+patch per pod (the controller's exact patch) through ``ungater._kube.adapter.connect`` with the same
 QPS, burst, pool size and patch concurrency as the controller, and says ``done SECONDS``.
 
 ``--watch`` also keeps a pod watch on the selector open and decodes every event, as any
@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 
 from bench.objects import GATE, PODS
-from ungater._kube import connect
+from ungater._kube.adapter import connect
 
 __all__ = ["main", "release_all"]
 

@@ -2,7 +2,7 @@
 
 A real ``Controller`` (real plugin registry, real indexes, real decision) with a client that
 answers every patch at once; its Workload and pod indexes are filled directly with views parsed
-from API-shaped JSON (``ungater._model.parse_*`` on ``json.loads`` output, so no string is shared
+from API-shaped JSON (``ungater._model.views.parse_*`` on ``json.loads`` output, so no string is shared
 between objects, as from the wire), so 50k cached pods cost seconds, not a cluster. Timed:
 ``await controller.reconcile(key)`` for one owner with 10 pods, both when it releases all 10
 (expectations reset between calls) and when it has nothing left to release. Also measured, with
@@ -20,12 +20,12 @@ import uuid
 from typing import Any
 
 from bench.objects import admission_status, pod_body, workload_body
-from ungater._cache import OwnerKey
-from ungater._config import Config
-from ungater._controller import Controller
-from ungater._kube import Resource
-from ungater._model import Kind, parse_pod, parse_workload
-from ungater._registry import PluginRegistry
+from ungater._controller.controller import Controller
+from ungater._decide.indexes import OwnerKey
+from ungater._kube.client import Resource
+from ungater._model.config import Config
+from ungater._model.views import Kind, parse_pod, parse_workload
+from ungater._plugins.registry import PluginRegistry
 
 __all__ = ["reconcile_cost"]
 

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 
 from bench.objects import CONTROLLER_UID, PODS, WORKLOADS
-from ungater._kube import GoneError, KubeClient, Resource
+from ungater._kube.client import GoneError, KubeClient, Resource
 
 __all__ = ["PodTrack", "SliceTrack", "Timeline"]
 

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from ungater._kube import ApiError
-from ungater._model import MalformedObject
+from ungater._kube.client import ApiError
+from ungater._model.views import MalformedObject
 
 pytest_plugins = ("pytester",)
 

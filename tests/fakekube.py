@@ -1,4 +1,4 @@
-"""An in-memory stand-in for the API server, implementing ``ungater._kube.KubeClient``.
+"""An in-memory stand-in for the API server, implementing ``ungater._kube.client.KubeClient``.
 
 It keeps resourceVersions, replays watch history from a resourceVersion, answers 410 Gone for
 compacted history, applies JSON and merge patches (422 when a JSON patch ``test`` fails), and
@@ -58,7 +58,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from ungater._kube import PODS, ApiError, GoneError, Resource
+from ungater._kube.client import PODS, ApiError, GoneError, Resource
 
 _WAKE = object()  # wakes a watch so that it looks at its fault flag
 _POD_SPEC_MUTABLE = ("schedulingGates", "nodeSelector", "activeDeadlineSeconds", "tolerations")

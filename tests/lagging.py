@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 
 from tests.fakekube import FakeKube
-from ungater._kube import Resource
+from ungater._kube.client import Resource
 
 
 class Lagging:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ungater._kube import PODS, Resource
+from ungater._kube.client import PODS, Resource
 
 GATE = "kueue.x-k8s.io/elastic-job"
 WORKLOADS = Resource("kueue.x-k8s.io", "v1beta2", "workloads", "Workload")

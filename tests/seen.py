@@ -17,9 +17,9 @@ from typing import Any
 import anyio
 
 from tests.polling import eventually
-from ungater._cache import OwnerKey
-from ungater._controller import Controller
-from ungater._decision import Decision
+from ungater._controller.controller import Controller
+from ungater._decide.decision import Decision
+from ungater._decide.indexes import OwnerKey
 
 
 def _rv(value: object) -> int:

@@ -14,15 +14,15 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Config": "ungater._config",
-    "ConfigError": "ungater._config",
-    "load_config": "ungater._config",
-    "Decision": "ungater._decision",
-    "Ownership": "ungater._decision",
-    "PodFacts": "ungater._decision",
-    "PodSetReport": "ungater._decision",
-    "Release": "ungater._decision",
-    "decide": "ungater._decision",
+    "Config": "ungater._model.config",
+    "ConfigError": "ungater._cli.configfile",
+    "load_config": "ungater._cli.configfile",
+    "Decision": "ungater._decide.decision",
+    "Ownership": "ungater._decide.decision",
+    "PodFacts": "ungater._decide.decision",
+    "PodSetReport": "ungater._decide.decision",
+    "Release": "ungater._decide.decision",
+    "decide": "ungater._decide.decision",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pluggy
 
-from ungater._model import PODSET_LABEL, Kind, ObjectRef, PodView, parse_pod
+from ungater._model.views import PODSET_LABEL, Kind, ObjectRef, PodView, parse_pod
 
 __all__ = [
     "PODSET_LABEL",

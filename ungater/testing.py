@@ -25,10 +25,10 @@ from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
-from ungater._assess import owner_facts_of, pod_facts, pod_selectors, via_objects
-from ungater._config import DEFAULT_GATE
-from ungater._decision import Decision, decide
-from ungater._model import (
+from ungater._decide.assess import owner_facts_of, pod_facts, pod_selectors, via_objects
+from ungater._decide.decision import Decision, decide
+from ungater._model.config import DEFAULT_GATE
+from ungater._model.views import (
     Kind,
     ObjectRef,
     ObjectView,
@@ -37,7 +37,7 @@ from ungater._model import (
     parse_pod,
     parse_workload,
 )
-from ungater._registry import KindHandler, PluginRegistry
+from ungater._plugins.registry import KindHandler, PluginRegistry
 from ungater.plugin_api import KindSpec, ReleaseGroup
 
 __all__ = [

@@ -1,6 +1,6 @@
 """``ungater dev-cluster`` and ``ungater demo``: the commands the dev tools add to the CLI.
 
-The runtime's command line (``ungater/_cli.py``) finds them through the ``ungater.commands``
+The runtime's command line (``ungater/_cli/main.py``) finds them through the ``ungater.commands``
 entry point group: each is an object with ``help``, ``add_arguments(parser)`` and
 ``run(args) -> int``. Importing this module is cheap (the CLI does it on every start); the
 control plane is imported only when a command runs.

@@ -28,7 +28,8 @@ from typing import Any
 
 import anyio
 
-from ungater._kube import PODS, ApiClientKube, Resource, connect
+from ungater._kube.adapter import ApiClientKube, connect
+from ungater._kube.client import PODS, Resource
 from ungater_devtools.devcluster.peers import queued_job
 
 __all__ = ["DEMO_GATE", "run_demo"]

@@ -13,10 +13,10 @@ import pytest
 
 from tests.integration.k8s import Kube
 from tests.objects import WORKLOADS, _cond
-from ungater._config import Config
-from ungater._controller import Controller
-from ungater._kube import connect
-from ungater._registry import PluginRegistry
+from ungater._controller.controller import Controller
+from ungater._kube.adapter import connect
+from ungater._model.config import Config
+from ungater._plugins.registry import PluginRegistry
 
 _HERE = Path(__file__).parent
 

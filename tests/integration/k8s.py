@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ungater._kube import ApiClientKube, Resource, connect
+from ungater._kube.adapter import ApiClientKube, connect
+from ungater._kube.client import Resource
 
 JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
 RAYCLUSTERS = Resource("ray.io", "v1", "rayclusters", "RayCluster")

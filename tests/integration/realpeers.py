@@ -25,7 +25,7 @@ import yaml
 
 from tests.integration.k8s import Kube
 from tests.objects import PODS, WORKLOADS, gates_of
-from ungater._kube import Resource
+from ungater._kube.client import Resource
 
 UNGATER_GATE = "example.com/ungater"
 KUEUE_GATE = "kueue.x-k8s.io/elastic-job"

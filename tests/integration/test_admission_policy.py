@@ -23,8 +23,9 @@ from tests.integration.test_deploy import Admin, admin, helm  # noqa: F401  (fix
 from tests.integration.test_jobs import make_job, released_indexes
 from tests.objects import GATE, PODS
 from tests.polling import equals, eventually, holds_for
-from ungater._guard import BINDINGS, POLICIES, GateGuard, check_guards
-from ungater._kube import ApiError, Resource, connect
+from ungater._kube.adapter import connect
+from ungater._kube.client import ApiError, Resource
+from ungater._kube.gateguard import BINDINGS, POLICIES, GateGuard, check_guards
 from ungater_devtools.devcluster import helm as helm_tool
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]

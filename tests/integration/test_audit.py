@@ -22,9 +22,9 @@ from tests.integration.test_jobs import index, make_job
 from tests.integration.test_release_blocked import events_with, observed_controller
 from tests.objects import GATE, PODS
 from tests.polling import eventually, holds_for
-from ungater._auditrun import audit_cluster
-from ungater._explain import explain
-from ungater._registry import PluginRegistry
+from ungater._cli.audit import audit_cluster
+from ungater._cli.explain import explain
+from ungater._plugins.registry import PluginRegistry
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

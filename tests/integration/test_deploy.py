@@ -47,8 +47,9 @@ from tests.unit.test_deploy_render import (
     plain_objects,
     rendered_config,
 )
-from ungater._config import Config
-from ungater._kube import ApiClientKube, ApiError, Resource, connect
+from ungater._kube.adapter import ApiClientKube, connect
+from ungater._kube.client import ApiError, Resource
+from ungater._model.config import Config
 from ungater_devtools.devcluster import helm as helm_tool
 from ungater_devtools.devcluster.versions import KUBERNETES_VERSION
 
@@ -494,7 +495,7 @@ async def assert_denied(what: str, call: Any) -> None:
 def controller_config(objects: list[dict[str, Any]], namespaces: list[str]) -> Config:
     """The chart's config file, watching ``namespaces``, with the tests' short timeouts.
 
-    Keys ungater._config does not know yet (leaderElection, server) are left out: this test
+    Keys ungater._model.config does not know yet (leaderElection, server) are left out: this test
     runs the controller in-process, without its leader election or HTTP server."""
     raw = rendered_config(objects)
     raw["namespaces"] = namespaces

@@ -21,7 +21,7 @@ from tests.integration.k8s import Kube
 from tests.integration.monitor import live_released, monitoring
 from tests.objects import GATE, JOBS, PODS, WORKLOADS, gates_of
 from tests.polling import equals, eventually, holds_for
-from ungater._kube import Resource
+from ungater._kube.client import Resource
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

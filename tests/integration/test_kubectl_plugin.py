@@ -19,7 +19,7 @@ from tests.integration.conftest import admit, create_workload, running_controlle
 from tests.integration.k8s import Kube
 from tests.integration.test_jobs import make_job, released_indexes
 from tests.polling import equals, eventually
-from ungater._config import Config
+from ungater._model.config import Config
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

@@ -23,8 +23,8 @@ from tests.integration.k8s import Kube
 from tests.integration.monitor import monitoring
 from tests.integration.test_jobs import make_job, released_indexes
 from tests.polling import equals, eventually
-from ungater._config import DEFAULT_GATE, default_lease_name
-from ungater._kube import Resource
+from ungater._kube.client import Resource
+from ungater._model.config import DEFAULT_GATE, default_lease_name
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

@@ -45,10 +45,10 @@ from tests.integration.realpeers import (
 from tests.integration.test_release_blocked import events_with, observed_controller
 from tests.objects import PODS, WORKLOADS, gates_of
 from tests.polling import eventually
-from ungater._audit import OVER_RELEASE, STALLED, Finding
-from ungater._auditrun import audit_cluster
-from ungater._config import Config
-from ungater._explain import explain
+from ungater._cli.audit import audit_cluster
+from ungater._cli.explain import explain
+from ungater._decide.findings import OVER_RELEASE, STALLED, Finding
+from ungater._model.config import Config
 from ungater_devtools.devcluster.peers import set_quota
 
 # a Kueue that releases past the admitted count (kueue#11977): v0.17.1

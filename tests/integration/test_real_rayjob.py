@@ -33,8 +33,8 @@ from tests.integration.realpeers import (
 from tests.objects import PODS, WORKLOADS, gates_of
 from tests.polling import eventually
 from tests.seen import cache_holds, owner_key, reconciled, waiting
-from ungater._controller import Controller
-from ungater._kube import Resource
+from ungater._controller.controller import Controller
+from ungater._kube.client import Resource
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

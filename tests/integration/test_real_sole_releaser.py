@@ -30,7 +30,7 @@ from tests.integration.test_real_jobs import index, job_size, pending_slice
 from tests.objects import JOBS, PODS, WORKLOADS, gates_of
 from tests.polling import eventually
 from tests.seen import cache_holds, owner_key, reconciled, waiting
-from ungater._controller import Controller
+from ungater._controller.controller import Controller
 from ungater_devtools.devcluster.peers import queued_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]

@@ -20,14 +20,15 @@ from tests.integration.monitor import live_released
 from tests.integration.test_jobs import index, make_job
 from tests.objects import GATE, PODS
 from tests.polling import eventually, holds_for
-from ungater._blocked import BLOCKED, CONFLICT, classify_patch_error, server_message
-from ungater._config import Config
-from ungater._controller import Controller
-from ungater._events import EventRecorder
-from ungater._explain import explain
-from ungater._kube import ApiError, Resource, connect
-from ungater._metrics import Metrics
-from ungater._registry import PluginRegistry
+from ungater._cli.explain import explain
+from ungater._controller.controller import Controller
+from ungater._decide.refusals import BLOCKED, CONFLICT, classify_patch_error, server_message
+from ungater._kube.adapter import connect
+from ungater._kube.client import ApiError, Resource
+from ungater._model.config import Config
+from ungater._observe.events import EventRecorder
+from ungater._observe.metrics import Metrics
+from ungater._plugins.registry import PluginRegistry
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ungater._decision import Ownership, PodFacts
-from ungater._model import (
+from ungater._decide.decision import Ownership, PodFacts
+from ungater._model.views import (
     SLICE_NAME_ANNOTATION,
     SLICE_REPLACEMENT_ANNOTATION,
     PodView,

@@ -10,11 +10,11 @@ import anyio
 import ungater_plugins.job as job_plugin
 
 from tests.fakekube import FakeKube
-from ungater._config import Config
-from ungater._controller import Controller
-from ungater._events import EventRecorder
-from ungater._metrics import Metrics
-from ungater._registry import PluginRegistry
+from ungater._controller.controller import Controller
+from ungater._model.config import Config
+from ungater._observe.events import EventRecorder
+from ungater._observe.metrics import Metrics
+from ungater._plugins.registry import PluginRegistry
 
 
 @asynccontextmanager

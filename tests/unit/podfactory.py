@@ -20,10 +20,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ungater._assess import pod_facts
-from ungater._decision import PodFacts
-from ungater._model import ObjectRef, ObjectView, parse_object, parse_pod
-from ungater._registry import KindHandler
+from ungater._decide.assess import pod_facts
+from ungater._decide.decision import PodFacts
+from ungater._model.views import ObjectRef, ObjectView, parse_object, parse_pod
+from ungater._plugins.registry import KindHandler
 
 Obj = dict[str, Any]
 

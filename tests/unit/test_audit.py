@@ -1,4 +1,4 @@
-"""The pure audit (ungater._audit): each finding from a table of slices and pods, the tracker
+"""The pure audit (ungater._decide.findings): each finding from a table of slices and pods, the tracker
 that dates and reports findings, and audit mode in the controller on the in-memory API server
 (it patches nothing and reports what another releaser does)."""
 
@@ -17,22 +17,22 @@ from tests.objects import JOBS, PODS, WORKLOADS, job_pod, workload
 from tests.polling import eventually, holds_for
 from tests.unit.builders import GATE, condition, facts, wl_view
 from tests.unit.harness import observed_controller
-from ungater._audit import (
+from ungater._controller.controller import Controller
+from ungater._decide.decision import Ownership, PodFacts
+from ungater._decide.finding_tracker import FindingTracker
+from ungater._decide.findings import (
     FOREIGN_GATES,
     OUT_OF_ORDER,
     OVER_RELEASE,
     RELEASED_WITHOUT_ADMISSION,
     STALLED,
-    FindingTracker,
     audit_owner,
     parse_time,
 )
-from ungater._config import Config
-from ungater._controller import Controller
-from ungater._decision import Ownership, PodFacts
-from ungater._kube import EVENTS
-from ungater._model import ObjectRef, WorkloadView
-from ungater._registry import PluginRegistry
+from ungater._kube.client import EVENTS
+from ungater._model.config import Config
+from ungater._model.views import ObjectRef, WorkloadView
+from ungater._plugins.registry import PluginRegistry
 
 OWNER = ObjectRef("batch/v1", "Job", "job", "uid-owner", True)
 T0 = parse_time("2026-01-01T00:00:00Z") or 0.0  # builders' ts(0)
@@ -289,8 +289,8 @@ def oneshot_config() -> Config:
 
 @pytest.mark.anyio
 async def test_one_shot_audit_reads_every_owner_and_names_the_pods() -> None:
-    from ungater._auditrun import audit_cluster, render_findings
-    from ungater._explain import explain
+    from ungater._cli.audit import audit_cluster, render_findings
+    from ungater._cli.explain import explain
 
     fake = FakeKube()
     fake.served["kueue.x-k8s.io"] = ["v1beta2"]

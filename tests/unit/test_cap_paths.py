@@ -29,11 +29,11 @@ from tests.lagging import Lagging
 from tests.objects import JOBS, WORKLOADS
 from tests.polling import eventually, holds_for
 from tests.unit.podfactory import GATE, NAMESPACE, job, job_pod, workload
-from ungater._cache import OwnerKey
-from ungater._config import Config
-from ungater._controller import Controller
-from ungater._kube import PODS, ApiError
-from ungater._registry import PluginRegistry
+from ungater._controller.controller import Controller
+from ungater._decide.indexes import OwnerKey
+from ungater._kube.client import PODS, ApiError
+from ungater._model.config import Config
+from ungater._plugins.registry import PluginRegistry
 from ungater.plugin_api import hookimpl
 
 

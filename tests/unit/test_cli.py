@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from ungater import __version__
-from ungater._cli import main
+from ungater._cli.main import main
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -90,7 +90,7 @@ def test_run_without_cluster_is_one_clear_line(tmp_path: Path) -> None:
 
 
 def test_run_accepts_no_leader_election() -> None:
-    from ungater._cli import _parser
+    from ungater._cli.main import _parser
 
     args = _parser().parse_args(["run", "--no-leader-election"])
     assert args.no_leader_election is True
@@ -140,9 +140,10 @@ def test_a_kind_served_by_two_plugins_needs_one_named() -> None:
     """The same pure resolution run and check-config use refuses an ambiguous kind and accepts
     it once the config names the plugin."""
     import plugins.job as job_plugin
-    from ungater._config import Config, KindConfig
-    from ungater._kinds import StartupError, resolve_kinds
-    from ungater._registry import PluginRegistry
+    from ungater._model.config import Config, KindConfig
+    from ungater._model.errors import StartupError
+    from ungater._plugins.binding import resolve_kinds
+    from ungater._plugins.registry import PluginRegistry
 
     hooks = {
         name: getattr(job_plugin, name) for name in dir(job_plugin) if name.startswith("ungater_")
@@ -164,7 +165,7 @@ def test_check_config_prints_where_the_lease_is(
     f.write_text("gate: example.com/mine\n")
     assert main(["check-config", str(f)]) == 0
     out = yaml.safe_load(capsys.readouterr().out)
-    from ungater._config import default_lease_name
+    from ungater._model.config import default_lease_name
 
     assert out["leaderElection"]["namespace"] == "kube-system"
     assert out["leaderElection"]["leaseName"] == default_lease_name(["example.com/mine"])
@@ -174,7 +175,7 @@ def test_check_config_prints_where_the_lease_is(
 
 
 def test_debug_is_accepted_before_and_after_the_command() -> None:
-    from ungater._cli import _parser
+    from ungater._cli.main import _parser
 
     parse = _parser().parse_args
     assert parse(["run", "--debug"]).debug is True
@@ -209,7 +210,7 @@ real = md.entry_points
 md.entry_points = lambda **kw: fake if kw.get("group") == "ungater.commands" else real(**kw)
 if sys.argv[2] != "keep":
     sys.modules["ungater_devtools"] = None  # import ungater_devtools now fails
-from ungater._cli import main
+from ungater._cli.main import main
 raise SystemExit(main(sys.argv[3:]))
 """
 
@@ -227,7 +228,7 @@ def run_without_dev_tools(
 
 
 def test_dev_cluster_and_demo_come_from_the_dev_tools_when_installed() -> None:
-    from ungater._cli import _parser
+    from ungater._cli.main import _parser
     from ungater_devtools.commands import DEMO, DEV_CLUSTER
 
     parse = _parser().parse_args

@@ -9,7 +9,8 @@ import pydantic
 import pytest
 import yaml
 
-from ungater._config import DEFAULT_GATE, Config, ConfigError, KindConfig, load_config
+from ungater._cli.configfile import ConfigError, load_config
+from ungater._model.config import DEFAULT_GATE, Config, KindConfig
 
 BUILTIN = {("batch", "Job"), ("jobset.x-k8s.io", "JobSet"), ("ray.io", "RayCluster")}
 
@@ -47,7 +48,7 @@ def test_defaults() -> None:
     assert c.workers >= 1 and c.expectations_timeout_seconds > 0
     assert c.plugins.allow is None and c.plugins.fail_on_error is False
     assert c.logging.level == "INFO"
-    # auto: release Kueue's own gate only behind an admission policy (ungater._modes)
+    # auto: release Kueue's own gate only behind an admission policy (ungater._controller.modes)
     assert c.mode == "auto" and all(k.mode is None for k in c.kinds)
     assert all(c.mode_for(k) == "auto" for k in c.kinds)
 
@@ -438,8 +439,8 @@ def test_valid_names_pass(tmp_path: Path) -> None:
 def test_lease_location_does_not_depend_on_where_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """A laptop and a pod (POD_NAMESPACE set) compute the same Lease for the same gates; other
     gates get another Lease, a configured one wins."""
-    from ungater._app import lease_name, lease_namespace
-    from ungater._config import default_lease_name
+    from ungater._controller.manager import lease_name, lease_namespace
+    from ungater._model.config import default_lease_name
 
     laptop = (lease_namespace(Config()), lease_name(Config()))
     monkeypatch.setenv("POD_NAMESPACE", "ungater-system")

@@ -24,9 +24,10 @@ from tests.objects import (
     workload,
 )
 from tests.polling import eventually, holds_for
-from ungater._config import Config
-from ungater._controller import Controller, StartupError
-from ungater._registry import PluginRegistry
+from ungater._controller.controller import Controller
+from ungater._model.config import Config
+from ungater._model.errors import StartupError
+from ungater._plugins.registry import PluginRegistry
 
 NS = "team-a"
 
@@ -354,7 +355,7 @@ def test_kind_without_plugin_is_a_startup_error() -> None:
 
 def test_a_plugin_that_failed_to_load_skips_only_its_kinds() -> None:
     registry = PluginRegistry.from_modules({"job": job_plugin})
-    from ungater._registry import PluginInfo
+    from ungater._plugins.registry import PluginInfo
 
     registry.plugins["raycluster"] = PluginInfo(
         "raycluster", "ungater", "0.1.0", error="import failed"

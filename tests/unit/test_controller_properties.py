@@ -56,12 +56,12 @@ from tests.unit.podfactory import (
     jobset_child_job,
     workload,
 )
-from ungater._config import Config
-from ungater._controller import Controller
-from ungater._kube import PODS, Resource
-from ungater._leader import LeaderElector
-from ungater._model import FINISHED
-from ungater._registry import PluginRegistry
+from ungater._controller.controller import Controller
+from ungater._kube.client import PODS, Resource
+from ungater._kube.leader import LeaderElector
+from ungater._model.config import Config
+from ungater._model.views import FINISHED
+from ungater._plugins.registry import PluginRegistry
 
 JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
 COMPLETIONS = 20
@@ -543,7 +543,7 @@ CONFIG = {
 
 class Replica:
     """One ``ungater run`` process: its own client (watches, patches), controller and
-    elector, composed as the app composes them (``ungater._app.serve``)."""
+    elector, composed as the app composes them (``ungater._controller.manager.serve``)."""
 
     def __init__(self, fake: FakeKube, name: str) -> None:
         self.name = name

@@ -1,4 +1,4 @@
-"""Property tests of ``ungater._decision.decide`` over random slice chains and random pods.
+"""Property tests of ``ungater._decide.decision.decide`` over random slice chains and random pods.
 
 The expectations here are computed independently of the implementation (from the raw
 strategy data), so a shared mistake is less likely to hide.
@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.builders import _ABSENT, GATE, TOPOLOGY_GATE, pod, workload
-from ungater._decision import Decision, Ownership, PodFacts, Release, decide
-from ungater._model import Condition, WorkloadView, parse_pod, parse_workload
+from ungater._decide.decision import Decision, Ownership, PodFacts, Release, decide
+from ungater._model.views import Condition, WorkloadView, parse_pod, parse_workload
 from ungater.plugin_api import ReleaseGroup
 
 POD_SETS = ("main", "workers")

@@ -1,4 +1,4 @@
-"""Table-driven tests of ``ungater._decision.decide``: slice choice, caps, counting, eligibility,
+"""Table-driven tests of ``ungater._decide.decision.decide``: slice choice, caps, counting, eligibility,
 order, release groups, the explanation and the gate index of every release."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.unit.builders import GATE, TOPOLOGY_GATE, facts, wl_view
-from ungater._decision import (
+from ungater._decide.decision import (
     Decision,
     Ownership,
     PodFacts,

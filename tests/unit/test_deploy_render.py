@@ -17,7 +17,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from ungater._config import DEFAULT_GATE, DEFAULT_LEASE_NAMESPACE, Config, default_lease_name
+from ungater._model.config import DEFAULT_GATE, DEFAULT_LEASE_NAMESPACE, Config, default_lease_name
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -26,7 +26,7 @@ MANIFESTS = DEPLOY / "manifests"
 NAMESPACE = "ungater-system"
 UID = 65532
 
-#: Config keys the manifests already use but ungater._config may not know yet (leader
+#: Config keys the manifests already use but ungater._model.config may not know yet (leader
 #: election and the HTTP server are being integrated). A key leaves this set's exemption by
 #: itself: once Config has the field, the manifests' values are validated like any other.
 
@@ -286,8 +286,8 @@ def test_cluster_role_covers_what_the_built_in_plugins_watch() -> None:
     """Every resource the controller lists and watches for the default kinds (pods, the
     plugins' intermediates and owner resources, Workloads) is granted: a plugin that starts
     watching something new fails here, not with a controller that never syncs on a cluster."""
-    from ungater._model import Kind
-    from ungater._registry import PluginRegistry
+    from ungater._model.views import Kind
+    from ungater._plugins.registry import PluginRegistry
 
     registry = PluginRegistry.discover()
     needed: set[tuple[str, str]] = {("", "pods"), ("kueue.x-k8s.io", "workloads")}
@@ -324,7 +324,7 @@ def test_plain_config_map_is_a_valid_config_file() -> None:
 
 def test_config_map_passes_check_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`ungater check-config` accepts the file the ConfigMap mounts."""
-    from ungater._cli import main
+    from ungater._cli.main import main
 
     path = tmp_path / "config.yaml"
     path.write_text(one(plain_objects(), "ConfigMap")["data"]["config.yaml"])

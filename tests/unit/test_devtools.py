@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ungater._cli import main
+from ungater._cli.main import main
 
 
 class FakePlane:
@@ -128,7 +128,7 @@ def _undocumented(parser: argparse.ArgumentParser, path: str) -> list[str]:
 
 
 def test_every_command_and_option_has_help_in_both_command_lines() -> None:
-    from ungater._cli import _parser
+    from ungater._cli.main import _parser
     from ungater_devtools.devcluster.__main__ import parser as devcluster_parser
     from ungater_devtools.devcluster.helm import parser as helm_parser
 

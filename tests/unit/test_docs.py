@@ -6,8 +6,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from ungater import _hookspecs as hookspecs
-from ungater._config import Config
+from ungater._model.config import Config
+from ungater._plugins import hookspecs as hookspecs
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

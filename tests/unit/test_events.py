@@ -12,7 +12,9 @@ import pytest
 
 from tests.fakekube import FakeKube
 from tests.polling import eventually
-from ungater._events import (
+from ungater._kube.client import EVENTS, ApiError, Resource
+from ungater._model.views import parse_workload
+from ungater._observe.events import (
     FOREIGN_RELEASE,
     NORMAL,
     PLUGIN_ERROR,
@@ -22,9 +24,7 @@ from ungater._events import (
     InvolvedObject,
     released_message,
 )
-from ungater._kube import EVENTS, ApiError, Resource
-from ungater._metrics import Metrics
-from ungater._model import parse_workload
+from ungater._observe.metrics import Metrics
 
 NS = "team-a"
 WL = InvolvedObject("kueue.x-k8s.io/v1beta2", "Workload", NS, "job-train-1a2b3", "uid-wl-1")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import importlib.metadata
 
-from ungater._model import Kind
-from ungater._registry import ENTRY_POINT_GROUP, PluginRegistry
+from ungater._model.views import Kind
+from ungater._plugins.registry import ENTRY_POINT_GROUP, PluginRegistry
 
 
 def test_example_distribution_is_installed_with_its_entry_point() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ungater._expectations import Expectations
+from ungater._decide.expectations import Expectations
 
 
 class FakeClock:

@@ -4,7 +4,7 @@ its owner forgotten (a leak here grows with every release for the controller's l
 
 from __future__ import annotations
 
-from ungater._expectations import Expectations
+from ungater._decide.expectations import Expectations
 
 
 def empty(e: Expectations) -> bool:

@@ -16,7 +16,7 @@ import pytest
 
 from tests.fakekube import Committed, FakeKube, PatchFault, VirtualTimeLoop
 from tests.objects import GATE, JOBS, PODS, job_pod
-from ungater._kube import ApiError, GoneError
+from ungater._kube.client import ApiError, GoneError
 
 NS = "team-a"
 OWNER = {

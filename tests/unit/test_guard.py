@@ -1,4 +1,4 @@
-"""Which gates an admission policy guards against the other releaser (ungater._guard): the pure
+"""Which gates an admission policy guards against the other releaser (ungater._kube.gateguard): the pure
 assessment, the read that cannot see the policies, and what the controller reports."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from tests.fakekube import FakeKube
-from ungater._guard import (
+from ungater._kube.client import ApiError
+from ungater._kube.gateguard import (
     BINDINGS,
     GUARDS_GATE_ANNOTATION,
     POLICIES,
@@ -16,8 +17,7 @@ from ungater._guard import (
     assess_guards,
     check_guards,
 )
-from ungater._kube import ApiError
-from ungater._metrics import ControllerSnapshot, Metrics
+from ungater._observe.metrics import ControllerSnapshot, Metrics
 
 GATE = "kueue.x-k8s.io/elastic-job"
 OTHER = "example.com/gate"

@@ -1,7 +1,7 @@
 """The event handlers alone, called as the reflectors call them (no I/O, no reconcile): which pod
 updates queue their owner, what an intermediate owner's arrival or departure does, and when an
 owner's change restarts the clock of its gated pods' wait. These kill the mutants of
-``ungater/_handlers.py`` that the whole-controller tests left alive (docs/testing.md): there,
+``ungater/_controller/handlers.py`` that the whole-controller tests left alive (docs/testing.md): there,
 some other event of the same owner always came along and queued it anyway."""
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ from tests.unit.podfactory import (
     strip_owner,
     workload,
 )
-from ungater._cache import OwnerKey
-from ungater._config import Config
-from ungater._controller import Controller
-from ungater._handlers import _admission_changed
-from ungater._kube import PODS, Resource
-from ungater._model import parse_object, parse_pod, parse_workload
-from ungater._registry import PluginRegistry
-from ungater._state import GONE_REMEMBERED, KindRuntime
+from ungater._controller.controller import Controller
+from ungater._controller.handlers import _admission_changed
+from ungater._controller.state import GONE_REMEMBERED, KindRuntime
+from ungater._decide.indexes import OwnerKey
+from ungater._kube.client import PODS, Resource
+from ungater._model.config import Config
+from ungater._model.views import parse_object, parse_pod, parse_workload
+from ungater._plugins.registry import PluginRegistry
 from ungater.plugin_api import KindSpec, ResourceSpec, hookimpl
 
 pytestmark = pytest.mark.anyio

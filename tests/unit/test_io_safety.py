@@ -32,12 +32,12 @@ from tests.unit.podfactory import (
     release,
     workload,
 )
-from ungater._config import Config
-from ungater._controller import Controller
-from ungater._events import FOREIGN_RELEASE, NORMAL, PLUGIN_ERROR, RELEASED, WARNING
-from ungater._kube import PODS, ApiError, Resource
-from ungater._leader import LeaderTerm
-from ungater._registry import PluginError, PluginRegistry
+from ungater._controller.controller import Controller
+from ungater._kube.client import PODS, ApiError, Resource
+from ungater._kube.leader import LeaderTerm
+from ungater._model.config import Config
+from ungater._observe.events import FOREIGN_RELEASE, NORMAL, PLUGIN_ERROR, RELEASED, WARNING
+from ungater._plugins.registry import PluginError, PluginRegistry
 
 JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
 JOB_KIND = ("batch", "Job")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ungater._kubectl import context_namespace, kubeconfig_paths, translate
+from ungater._cli.kubectl import context_namespace, kubeconfig_paths, translate
 
 KUBECONFIG = """\
 apiVersion: v1

@@ -20,8 +20,8 @@ import pytest
 
 from tests.fakekube import FakeKube
 from tests.polling import eventually
-from ungater._kube import ApiError, Resource
-from ungater._leader import LEASES, LeaderElector, LeaderTerm, LeaseRecord, micro_time
+from ungater._kube.client import ApiError, Resource
+from ungater._kube.leader import LEASES, LeaderElector, LeaderTerm, LeaseRecord, micro_time
 
 NS = "ungater-system"
 NAME = "ungater"
@@ -428,7 +428,7 @@ async def test_electors_racing_for_an_absent_lease_elect_one() -> None:
 async def test_standbys_racing_for_an_expired_lease_elect_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("ungater._leader.random.random", lambda: 0.0)  # retry in lockstep
+    monkeypatch.setattr("ungater._kube.leader.random.random", lambda: 0.0)  # retry in lockstep
     fake, clock = LeaseKube(), FakeClock()
     a = elector(fake, clock, "a")
     standbys = [elector(fake, clock, f"s{i}") for i in range(3)]

@@ -13,8 +13,8 @@ from tests.fakekube import FakeKube
 from tests.objects import WORKLOADS, workload
 from tests.polling import eventually
 from tests.unit.test_controller import make_config, setup_job
-from ungater._controller import Controller
-from ungater._registry import PluginRegistry
+from ungater._controller.controller import Controller
+from ungater._plugins.registry import PluginRegistry
 from ungater.plugin_api import hookimpl
 
 

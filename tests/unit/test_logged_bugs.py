@@ -28,12 +28,12 @@ from tests.objects import JOBS, WORKLOADS
 from tests.polling import eventually
 from tests.unit.harness import observed_controller
 from tests.unit.podfactory import job, job_pod, workload
-from ungater._config import Config
-from ungater._controller import Controller
-from ungater._kube import PODS, ApiError
-from ungater._model import MalformedObject
-from ungater._reflector import Reflector
-from ungater._registry import PluginRegistry
+from ungater._controller.controller import Controller
+from ungater._kube.client import PODS, ApiError
+from ungater._kube.reflector import Reflector
+from ungater._model.config import Config
+from ungater._model.views import MalformedObject
+from ungater._plugins.registry import PluginRegistry
 from ungater.plugin_api import hookimpl
 
 CONFTEST = Path(__file__).parents[1] / "conftest.py"

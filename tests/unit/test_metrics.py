@@ -11,11 +11,11 @@ import ungater_plugins.job as job_plugin
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakekube import FakeKube
-from ungater._cache import OwnerKey
-from ungater._config import Config
-from ungater._controller import Controller
-from ungater._metrics import CONTENT_TYPE, ControllerSnapshot, Metrics, seconds_since
-from ungater._registry import PluginRegistry
+from ungater._controller.controller import Controller
+from ungater._decide.indexes import OwnerKey
+from ungater._model.config import Config
+from ungater._observe.metrics import CONTENT_TYPE, ControllerSnapshot, Metrics, seconds_since
+from ungater._plugins.registry import PluginRegistry
 
 NAMES = [
     "ungater_pods_released_total",

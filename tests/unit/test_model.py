@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.unit.builders import GATE, TOPOLOGY_GATE, pod, workload
-from ungater._model import (
+from ungater._model.views import (
     Condition,
     Kind,
     MalformedObject,

@@ -14,10 +14,10 @@ from tests.fakekube import FakeKube
 from tests.objects import JOBS, PODS, WORKLOADS, job_pod, ungated, workload
 from tests.polling import eventually, holds_for
 from tests.unit.harness import observed_controller
-from ungater._config import DEFAULT_GATE, Config
-from ungater._guard import BINDINGS, GUARDS_GATE_ANNOTATION, POLICIES
-from ungater._kueue import SELF_RELEASED_GATES
-from ungater._modes import effective_mode
+from ungater._controller.modes import effective_mode
+from ungater._kube.gateguard import BINDINGS, GUARDS_GATE_ANNOTATION, POLICIES
+from ungater._kube.kueue import SELF_RELEASED_GATES
+from ungater._model.config import DEFAULT_GATE, Config
 
 NS = "team-a"
 OWN_GATE = "example.com/own-gate"

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ungater._metrics import Metrics
+from ungater._observe.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "ungater"

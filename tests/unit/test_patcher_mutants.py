@@ -1,6 +1,6 @@
 """The patcher alone, on the in-memory API server: what each patch outcome records, and when a
 refused patch means another writer released the pod. These kill the mutants of
-``ungater/_patcher.py`` the whole-controller tests left alive (docs/testing.md)."""
+``ungater/_controller/patcher.py`` the whole-controller tests left alive (docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakekube import FakeKube
 from tests.unit.builders import GATE, NS, pod
-from ungater._config import Config
-from ungater._decision import Release
-from ungater._kube import PODS, ApiError
-from ungater._metrics import Metrics
-from ungater._model import PodView, parse_pod
-from ungater._patcher import BLOCKED, CONFLICT, DELETING, ERROR, GONE, RELEASED, Patcher
-from ungater._state import State, Stats
+from ungater._controller.patcher import BLOCKED, CONFLICT, DELETING, ERROR, GONE, RELEASED, Patcher
+from ungater._controller.state import State, Stats
+from ungater._decide.decision import Release
+from ungater._kube.client import PODS, ApiError
+from ungater._model.config import Config
+from ungater._model.views import PodView, parse_pod
+from ungater._observe.metrics import Metrics
 
 OTHER_GATE = "example.com/other"
 
@@ -32,7 +32,7 @@ def anyio_backend() -> str:
 
 
 class Notices:
-    """Stands in for ``ungater._notices.Notices``: records the foreign releases reported."""
+    """Stands in for ``ungater._controller.notices.Notices``: records the foreign releases reported."""
 
     def __init__(self) -> None:
         self.foreign: list[tuple[str, str]] = []

@@ -11,11 +11,11 @@ import pytest
 
 from tests.fakekube import apply_json_patch
 from tests.unit.podfactory import GATE, job, job_pod
-from ungater._decision import Release
-from ungater._kube import ApiError
-from ungater._model import parse_pod
-from ungater._patches import FENCE_ANNOTATION, fence_patch, release_patch
-from ungater._podsetupdates import NO_CHANGES
+from ungater._decide.decision import Release
+from ungater._decide.patches import FENCE_ANNOTATION, fence_patch, release_patch
+from ungater._decide.podsetupdates import NO_CHANGES
+from ungater._kube.client import ApiError
+from ungater._model.views import parse_pod
 
 
 def pod_at(rv: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:

@@ -22,9 +22,9 @@ from tests.unit.podfactory import (
     strip_owner,
     workload,
 )
-from ungater._decision import Ownership, decide
-from ungater._model import Kind, ObjectRef, WorkloadView, parse_pod, parse_workload
-from ungater._registry import KindHandler, PluginRegistry
+from ungater._decide.decision import Ownership, decide
+from ungater._model.views import Kind, ObjectRef, WorkloadView, parse_pod, parse_workload
+from ungater._plugins.registry import KindHandler, PluginRegistry
 from ungater.plugin_api import KindSpec, ResourceSpec
 
 JOB = Kind("batch", "Job")

@@ -17,9 +17,9 @@ from tests.unit.podfactory import (
     strip_owner,
     workload,
 )
-from ungater._decision import Ownership, decide
-from ungater._model import Kind, parse_object, parse_pod, parse_workload
-from ungater._registry import KindHandler, PluginRegistry
+from ungater._decide.decision import Ownership, decide
+from ungater._model.views import Kind, parse_object, parse_pod, parse_workload
+from ungater._plugins.registry import KindHandler, PluginRegistry
 from ungater.plugin_api import KindSpec, ResourceSpec
 
 JOBSET = Kind("jobset.x-k8s.io", "JobSet")

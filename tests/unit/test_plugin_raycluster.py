@@ -21,9 +21,9 @@ from tests.unit.podfactory import (
     uid_for,
     workload,
 )
-from ungater._decision import Ownership, decide
-from ungater._model import Kind, ObjectRef, parse_pod, parse_workload
-from ungater._registry import KindHandler, PluginRegistry
+from ungater._decide.decision import Ownership, decide
+from ungater._model.views import Kind, ObjectRef, parse_pod, parse_workload
+from ungater._plugins.registry import KindHandler, PluginRegistry
 from ungater.plugin_api import KindSpec, ReleaseGroup
 
 RAYCLUSTER = Kind("ray.io", "RayCluster")
@@ -210,7 +210,7 @@ def test_a_replica_missing_a_host_waits_when_num_of_hosts_is_known() -> None:
     half = multi_host_replica(rc, "tpu", 1, 2, created=2)[:1]  # host 1 not created yet
     slices = [parse_workload(workload(rc, {"head": 0, "tpu": 4}, admitted={"head": 0, "tpu": 4}))]
     pods = [*first, *half]
-    from ungater._assess import pod_facts
+    from ungater._decide.assess import pod_facts
 
     views = [parse_pod(p) for p in pods]
     decision = decide(slices, pod_facts(h, ref(rc), views, {}, h.owner_facts(rc)), GATE)

@@ -36,10 +36,10 @@ from tests.unit.podfactory import (
     uid_for,
     workload,
 )
-from ungater._config import Config
-from ungater._controller import Controller
-from ungater._kube import PODS
-from ungater._registry import PluginRegistry
+from ungater._controller.controller import Controller
+from ungater._kube.client import PODS
+from ungater._model.config import Config
+from ungater._plugins.registry import PluginRegistry
 from ungater.plugin_api import VIA_FACTS, KindSpec, ReleaseGroup
 from ungater.testing import PluginUnderTest
 

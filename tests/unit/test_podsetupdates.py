@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from tests.fakekube import apply_json_patch
 from tests.unit.builders import GATE, facts, pod, workload
-from ungater._decision import decide
-from ungater._model import PodSetUpdate, parse_pod, parse_workload
-from ungater._patches import release_patch
-from ungater._podsetupdates import PodChanges, fit_to_pod, merge_updates
+from ungater._decide.decision import decide
+from ungater._decide.patches import release_patch
+from ungater._decide.podsetupdates import PodChanges, fit_to_pod, merge_updates
+from ungater._model.views import PodSetUpdate, parse_pod, parse_workload
 
 PROVREQ = {
     "autoscaling.x-k8s.io/consume-provisioning-request": "prov-req-1",
@@ -124,7 +124,7 @@ def _slice(*checks: tuple[str, list[dict[str, Any]]], count: int = 4, admitted: 
 def test_released_pods_carry_the_updates_and_a_conflicting_pod_waits_alone() -> None:
     bad = pod("p0", created=1)
     bad["spec"]["nodeSelector"] = {"cloud.google.com/gke-nodepool": "pool-z"}
-    from ungater._decision import PodFacts
+    from ungater._decide.decision import PodFacts
 
     conflicting = PodFacts(parse_pod(bad), "main", (0,))
     others = [facts(f"p{i}", sort_key=(i,), created=i) for i in (1, 2, 3)]
@@ -160,7 +160,7 @@ def test_patch_applies_gate_removal_and_updates_together() -> None:
         [_slice(provreq_check(tolerations=[TOL], labels={"a/b": "c"}))], [facts("x")], GATE
     )  # to get the merged changes shape
     changes, _ = fit_to_pod(d.releases[0].changes, parse_pod(raw))
-    from ungater._decision import Release
+    from ungater._decide.decision import Release
 
     patched = apply_json_patch(
         raw, release_patch(Release(parse_pod(raw), "main", GATE, 1, changes))
@@ -222,7 +222,7 @@ def test_property_released_pod_has_every_update_and_conflicts_never_release(
         for i, (lab, a, n, t) in enumerate(checks)
     ]
     wl = _slice(*updates, count=1, admitted=1)
-    from ungater._decision import PodFacts
+    from ungater._decide.decision import PodFacts
 
     d = decide([wl], [PodFacts(parse_pod(raw), "main")], GATE)
     merged, set_conflict = merge_updates(wl.pod_set_updates, "main")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.builders import pod
-from ungater._model import PodSetUpdate, parse_pod
-from ungater._podsetupdates import PodChanges, fit_to_pod, merge_updates
+from ungater._decide.podsetupdates import PodChanges, fit_to_pod, merge_updates
+from ungater._model.views import PodSetUpdate, parse_pod
 
 
 @pytest.mark.parametrize(

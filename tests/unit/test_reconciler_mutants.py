@@ -1,7 +1,7 @@
 """The reconciler, one ``reconcile(key)`` at a time, on a controller whose caches run on the
 in-memory API server but whose workers never start: each call's outcome is exactly that call's.
 
-These kill the mutants of ``ungater/_reconciler.py`` the whole-controller tests left alive:
+These kill the mutants of ``ungater/_controller/reconciler.py`` the whole-controller tests left alive:
 what each patch outcome does to expectations, ``ours``, the notices and the retry signal; how
 expired expectations are settled from the API server; the ``Released`` Event and release
 metrics; the wait on pending expectations; the scale-down fence's fresh reads of the owner and
@@ -43,19 +43,19 @@ from tests.unit.podfactory import (
     release,
     workload,
 )
-from ungater._cache import OwnerKey
-from ungater._config import Config
-from ungater._controller import Controller
-from ungater._events import EventRecorder, released_message
-from ungater._kube import EVENTS, PODS, ApiError, Resource
-from ungater._kueue import workload_resource
-from ungater._metrics import Metrics
-from ungater._model import Kind, parse_workload
-from ungater._patcher import DELETING
-from ungater._patches import FENCE_ANNOTATION
-from ungater._reconciler import Changed
-from ungater._registry import PluginRegistry
-from ungater._state import KindRuntime
+from ungater._controller.controller import Controller
+from ungater._controller.patcher import DELETING
+from ungater._controller.reconciler import Changed
+from ungater._controller.state import KindRuntime
+from ungater._decide.indexes import OwnerKey
+from ungater._decide.patches import FENCE_ANNOTATION
+from ungater._kube.client import EVENTS, PODS, ApiError, Resource
+from ungater._kube.kueue import workload_resource
+from ungater._model.config import Config
+from ungater._model.views import Kind, parse_workload
+from ungater._observe.events import EventRecorder, released_message
+from ungater._observe.metrics import Metrics
+from ungater._plugins.registry import PluginRegistry
 from ungater.plugin_api import KindSpec, hookimpl
 
 pytestmark = pytest.mark.anyio

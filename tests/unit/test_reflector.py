@@ -9,10 +9,10 @@ from typing import Any
 import anyio
 import pytest
 
-import ungater._reflector as reflector_module
-from ungater._kube import PODS, GoneError
-from ungater._model import MalformedObject
-from ungater._reflector import Reflector
+import ungater._kube.reflector as reflector_module
+from ungater._kube.client import PODS, GoneError
+from ungater._kube.reflector import Reflector
+from ungater._model.views import MalformedObject
 
 
 @pytest.fixture

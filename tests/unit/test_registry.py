@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from tests.unit.builders import pod_view
-from ungater._model import Kind, ObjectRef
-from ungater._registry import KindHandler, PluginError, PluginInfo, PluginRegistry
+from ungater._model.views import Kind, ObjectRef
+from ungater._plugins.registry import KindHandler, PluginError, PluginInfo, PluginRegistry
 from ungater.plugin_api import KindSpec, ReleaseGroup, hookimpl
 
 WIDGET = Kind("example.com", "Widget")

@@ -21,7 +21,9 @@ from tests.polling import eventually, holds_for
 from tests.unit.builders import facts, wl_view
 from tests.unit.builders import workload as raw_workload
 from tests.unit.harness import observed_controller
-from ungater._blocked import (
+from ungater._controller.controller import Controller
+from ungater._decide.decision import CONSUME_PROVISIONING_REQUEST, decide
+from ungater._decide.refusals import (
     BLOCKED,
     CONFLICT,
     ERROR,
@@ -30,11 +32,9 @@ from ungater._blocked import (
     classify_patch_error,
     server_message,
 )
-from ungater._config import Config
-from ungater._controller import Controller
-from ungater._decision import CONSUME_PROVISIONING_REQUEST, decide
-from ungater._kube import EVENTS, ApiError
-from ungater._model import parse_workload
+from ungater._kube.client import EVENTS, ApiError
+from ungater._model.config import Config
+from ungater._model.views import parse_workload
 
 NS = "team-a"
 

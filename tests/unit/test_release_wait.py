@@ -16,9 +16,9 @@ from tests.objects import GATE, PODS, WORKLOADS, job_pod, with_phase, workload
 from tests.polling import eventually
 from tests.unit.harness import observed_controller
 from tests.unit.test_controller import NS, make_config, released_indexes, setup_job
-from ungater._controller import Controller
-from ungater._metrics import Metrics
-from ungater._releasable import ReleasableClock
+from ungater._controller.controller import Controller
+from ungater._decide.releasable import ReleasableClock
+from ungater._observe.metrics import Metrics
 
 
 @pytest.fixture

@@ -55,7 +55,10 @@ def test_the_runtime_wheel_holds_the_runtime_and_nothing_of_the_dev_tools(
     wheel: zipfile.ZipFile,
 ) -> None:
     names = wheel.namelist()
-    assert "ungater/_cli.py" in names and "ungater_plugins/job.py" in names
+    sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "ungater").rglob("*.py")}
+    missing = sorted(sources - set(names))
+    assert not missing, f"modules left out of the wheel (pyproject's packages?): {missing}"
+    assert "ungater/_cli/main.py" in names and "ungater_plugins/job.py" in names
     assert "ungater/py.typed" in names
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"ungater", "ungater_plugins"}, tops

@@ -8,8 +8,8 @@ import asyncio
 import aiohttp
 import pytest
 
-from ungater._metrics import CONTENT_TYPE, Metrics
-from ungater._server import HealthServer, parse_address
+from ungater._observe.metrics import CONTENT_TYPE, Metrics
+from ungater._observe.server import HealthServer, parse_address
 
 
 @pytest.fixture

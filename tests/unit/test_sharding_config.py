@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ungater._config import Config, default_lease_name, shard_lease_name
+from ungater._model.config import Config, default_lease_name, shard_lease_name
 
 
 def config(namespaces: list[str], **le: Any) -> Config:
@@ -71,7 +71,7 @@ def test_what_check_config_prints_for_a_shard_loads_again_as_the_same_shard(
     tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`check-config` prints the derived leaseName; fed back, that file is the same shard."""
-    from ungater._cli import main
+    from ungater._cli.main import main
 
     src = tmp_path / "shard.yaml"
     src.write_text("namespaces: [b, a]\nleaderElection: {shardByNamespace: true}\n")

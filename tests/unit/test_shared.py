@@ -1,4 +1,4 @@
-"""The table of shared values the parsers keep one copy of (ungater/_shared.py) and the views
+"""The table of shared values the parsers keep one copy of (ungater/_model/interning.py) and the views
 parsed through it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from ungater._model import parse_pod
-from ungater._shared import Shared
+from ungater._model.interning import Shared
+from ungater._model.views import parse_pod
 
 
 def fresh(text: str) -> str:

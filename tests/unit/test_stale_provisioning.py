@@ -17,12 +17,12 @@ from tests.polling import eventually, holds_for
 from tests.unit.builders import GATE, facts
 from tests.unit.builders import workload as raw_workload
 from tests.unit.harness import observed_controller
-from ungater._config import Config
-from ungater._controller import Controller
-from ungater._decision import CONSUME_PROVISIONING_REQUEST as PR
-from ungater._decision import PodFacts, decide
-from ungater._kube import EVENTS
-from ungater._model import WorkloadView, parse_workload
+from ungater._controller.controller import Controller
+from ungater._decide.decision import CONSUME_PROVISIONING_REQUEST as PR
+from ungater._decide.decision import PodFacts, decide
+from ungater._kube.client import EVENTS
+from ungater._model.config import Config
+from ungater._model.views import WorkloadView, parse_workload
 
 NS = "team-a"
 

@@ -36,10 +36,10 @@ from tests.unit.podfactory import (
     release,
     workload,
 )
-from ungater._config import Config
-from ungater._controller import Controller
-from ungater._kube import PODS, Resource
-from ungater._registry import PluginRegistry
+from ungater._controller.controller import Controller
+from ungater._kube.client import PODS, Resource
+from ungater._model.config import Config
+from ungater._plugins.registry import PluginRegistry
 
 JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
 

@@ -18,13 +18,13 @@ from tests.fakekube import FakeKube
 from tests.objects import JOBS, PODS, WORKLOADS, job_pod, ungated, workload
 from tests.polling import eventually, holds_for
 from tests.unit.harness import observed_controller
-from ungater._config import Config, StandDownConfig
-from ungater._controller import Controller
-from ungater._kube import EVENTS
-from ungater._metrics import Metrics
-from ungater._registry import PluginRegistry
-from ungater._server import HealthServer
-from ungater._standdown import StandDown
+from ungater._controller.controller import Controller
+from ungater._decide.standdown import StandDown
+from ungater._kube.client import EVENTS
+from ungater._model.config import Config, StandDownConfig
+from ungater._observe.metrics import Metrics
+from ungater._observe.server import HealthServer
+from ungater._plugins.registry import PluginRegistry
 
 NS = "team-a"
 

@@ -1,4 +1,4 @@
-"""What the controller's parts share (``ungater/_state.py``), one method at a time, with no I/O.
+"""What the controller's parts share (``ungater/_controller/state.py``), one method at a time, with no I/O.
 
 The caches' bookkeeping (intermediate objects by controller, owner facts by resourceVersion),
 the names log lines give an owner, and the figures a scrape reads: each test fails when one of
@@ -16,15 +16,15 @@ import ungater_plugins.job as job_plugin
 from tests.fakekube import FakeKube
 from tests.unit.builders import NS, owner_ref, workload
 from tests.unit.podfactory import cluster_of, ray_owner
-from ungater._cache import OwnerKey
-from ungater._config import Config
-from ungater._controller import Controller
-from ungater._decision import WAIT_CAPACITY, Decision, PodSetReport, Waiting
-from ungater._guard import GuardStatus
-from ungater._model import Kind, ObjectView, parse_object, parse_pod, parse_workload
-from ungater._reflector import ReflectorStats
-from ungater._registry import PluginRegistry
-from ungater._state import OwnerFacts, State
+from ungater._controller.controller import Controller
+from ungater._controller.state import OwnerFacts, State
+from ungater._decide.decision import WAIT_CAPACITY, Decision, PodSetReport, Waiting
+from ungater._decide.indexes import OwnerKey
+from ungater._kube.gateguard import GuardStatus
+from ungater._kube.reflector import ReflectorStats
+from ungater._model.config import Config
+from ungater._model.views import Kind, ObjectView, parse_object, parse_pod, parse_workload
+from ungater._plugins.registry import PluginRegistry
 from ungater.plugin_api import KindSpec, hookimpl
 
 JOB = Kind("batch", "Job")

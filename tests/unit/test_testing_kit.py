@@ -9,7 +9,7 @@ import pytest
 import ungater_plugins.job as job_plugin
 
 from tests.objects import job_pod as _job_pod
-from ungater._registry import PluginError
+from ungater._plugins.registry import PluginError
 from ungater.plugin_api import hookimpl
 from ungater.testing import PluginUnderTest, new_uid, owner_ref, slice_workload
 

@@ -1,4 +1,4 @@
-"""The manager (``ungater/_controller.py``) around the reconciler: its workers, how each outcome
+"""The manager (``ungater/_controller/controller.py``) around the reconciler: its workers, how each outcome
 of a reconcile is counted and retried, how ``run`` starts, waits for the caches and stops.
 
 The reconciler here is a script (each key does what the test says), so each test sees only the
@@ -19,14 +19,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.fakekube import FakeKube
 from tests.objects import WORKLOADS, workload
 from tests.polling import eventually
-from ungater._cache import OwnerKey
-from ungater._config import Config
-from ungater._controller import Controller, StartupError
-from ungater._events import EventRecorder
-from ungater._kube import EVENTS, ApiError
-from ungater._metrics import Metrics
-from ungater._reconciler import Changed
-from ungater._registry import PluginError, PluginInfo, PluginRegistry
+from ungater._controller.controller import Controller
+from ungater._controller.reconciler import Changed
+from ungater._decide.indexes import OwnerKey
+from ungater._kube.client import EVENTS, ApiError
+from ungater._model.config import Config
+from ungater._model.errors import StartupError
+from ungater._observe.events import EventRecorder
+from ungater._observe.metrics import Metrics
+from ungater._plugins.registry import PluginError, PluginInfo, PluginRegistry
 
 NS = "team-a"
 pytestmark = pytest.mark.anyio

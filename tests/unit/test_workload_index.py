@@ -4,8 +4,8 @@ watch is not undone by the watch's late, older event."""
 from __future__ import annotations
 
 from tests.objects import workload
-from ungater._cache import WorkloadIndex
-from ungater._model import parse_workload
+from ungater._decide.indexes import WorkloadIndex
+from ungater._model.views import parse_workload
 
 OWNER = {
     "apiVersion": "batch/v1",

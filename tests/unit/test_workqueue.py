@@ -11,7 +11,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from ungater._workqueue import QueueShutDown, WorkQueue
+from ungater._controller.queue import QueueShutDown, WorkQueue
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import asyncio
 import anyio
 import pytest
 
-from ungater._workqueue import WorkQueue
+from ungater._controller.queue import WorkQueue
 
 
 @pytest.fixture

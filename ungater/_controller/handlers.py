@@ -1,0 +1,227 @@
+"""Watch events to owner keys: the reflectors' wiring and what each calls when its cache changes.
+
+Every handler is synchronous and does no I/O: it updates an index, does the bookkeeping that
+must happen in event order (an expectation observed, a release by another writer spotted, the
+resourceVersion at which a released pod freed its slot, the moment a pod became releasable) and
+enqueues the owners the change concerns. Pod updates that change nothing the decision reads
+enqueue nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ungater._controller.notices import Notices
+from ungater._controller.state import KindRuntime, OwnerFacts, State, resource_version_number
+from ungater._decide.indexes import OwnerKey
+from ungater._kube.client import PODS, KubeClient, Resource
+from ungater._kube.kueue import workload_resource
+from ungater._kube.reflector import Reflector
+from ungater._model.views import (
+    ADMITTED,
+    ObjectView,
+    PodView,
+    WorkloadView,
+    parse_object,
+    parse_pod,
+    parse_workload,
+)
+from ungater.plugin_api import ResourceSpec
+
+__all__ = ["EventHandlers"]
+
+
+class EventHandlers:
+    def __init__(self, state: State, notices: Notices) -> None:
+        self.s = state
+        self.notices = notices
+
+    def reflectors(
+        self, client: KubeClient, workload_version: str, namespaces: Sequence[str | None]
+    ) -> list[Reflector[Any]]:
+        """One reflector per watched resource and namespace, each wired to its handler:
+        Workloads, each kind's pods (by the kind's pod label), owners, intermediates."""
+        w = self.s.config.watch
+        common: dict[str, Any] = {
+            "timeout_seconds": w.timeout_seconds,
+            "silence_seconds": w.silence_seconds,
+            "backoff_initial": w.backoff_initial_seconds,
+            "backoff_max": w.backoff_max_seconds,
+        }
+        out: list[Reflector[Any]] = []
+
+        def watch(res: Resource, ns: str | None, parse: Any, on_change: Any, sel: str) -> None:
+            out.append(Reflector(client, res, ns, parse, on_change, label_selector=sel, **common))
+
+        kinds = self.s.kinds.values()
+        # each intermediate resource once; one that pods are selected through keeps its facts
+        intermediates: dict[tuple[str, str, str, str], tuple[ResourceSpec, Any]] = {}
+        for rt in kinds:
+            for spec in rt.handler.spec.intermediates:
+                key = (spec.group, spec.version, spec.plural, spec.label_selector)
+                intermediates.setdefault(key, (spec, parse_object))
+        for rt in kinds:
+            via = rt.handler.spec.select_via
+            if via is not None:
+                key = (via.group, via.version, via.plural, via.label_selector)
+                intermediates[key] = (via, self.via_parser(rt))
+        for ns in namespaces:
+            wl_res = workload_resource(workload_version)
+            out.append(
+                Reflector(client, wl_res, ns, self.parse_workload, self.on_workload, **common)
+            )
+            for rt in kinds:
+                watch(PODS, ns, parse_pod, self.pod_handler(rt), rt.handler.spec.pod_label)
+            for rt in kinds:
+                o = rt.handler.spec.owner_resource
+                if o is not None:
+                    res = Resource(o.group, o.version, o.plural, o.kind)
+                    watch(res, ns, self.owner_parser(rt), self.on_owner, o.label_selector)
+            for spec, parse in intermediates.values():
+                res = Resource(spec.group, spec.version, spec.plural, spec.kind)
+                watch(res, ns, parse, self.on_object, spec.label_selector)
+        return out
+
+    # -- Workloads ------------------------------------------------------------------------------
+
+    def parse_workload(self, obj: Mapping[str, Any]) -> WorkloadView | None:
+        """Only elastic Workloads of a configured kind are cached at all."""
+        wl = parse_workload(obj)
+        if wl.owner is None or wl.owner.group_kind not in self.s.kinds:
+            return None
+        if self.s.config.require_elastic_annotation and not wl.elastic:
+            return None
+        return wl
+
+    def on_workload(self, old: WorkloadView | None, new: WorkloadView | None) -> None:
+        s = self.s
+        s.workloads.on_change(old, new)
+        if new is not None and new.owner is not None and _admission_changed(old, new):
+            s.releasable.room_made(OwnerKey(new.namespace, new.owner.uid))
+        for wl in (old, new):
+            if wl is not None and wl.owner is not None:
+                s.queue.add(OwnerKey(wl.namespace, wl.owner.uid))
+
+    # -- owner objects and intermediates ---------------------------------------------------------
+
+    def owner_parser(self, rt: KindRuntime) -> Callable[[Mapping[str, Any]], OwnerFacts | None]:
+        return lambda obj: self.s.parse_owner(rt, obj)
+
+    def on_owner(self, old: OwnerFacts | None, new: OwnerFacts | None) -> None:
+        s = self.s
+        if new is not None:
+            if old is None or old.facts != new.facts:  # its size may have grown
+                s.releasable.room_made(OwnerKey(new.namespace, new.uid))
+            rv = resource_version_number(new.resource_version)
+            if old is not None and old.facts != new.facts and rv is not None:
+                # it may have shrunk: Kueue then lowers its slice in place, so a cached slice
+                # older than this change may count too high (the slice fence, reconciler.py)
+                key = OwnerKey(new.namespace, new.uid)
+                s.freed_rv[key] = max(rv, s.freed_rv.get(key, 0))
+            s.keep_owner(new)
+        elif old is not None:
+            s.forget_owner(old)
+            s.releasable.owner_gone(OwnerKey(old.namespace, old.uid))
+        view = new or old
+        if view is not None and s.workloads.has_owner(view.uid):
+            s.queue.add(OwnerKey(view.namespace, view.uid))
+
+    def via_parser(self, rt: KindRuntime) -> Callable[[Mapping[str, Any]], ObjectView]:
+        return lambda obj: self.s.parse_via(rt, obj)
+
+    def on_object(self, old: ObjectView | None, new: ObjectView | None) -> None:
+        s = self.s
+        if new is not None:
+            s.keep_object(new)
+        elif old is not None:
+            s.forget_object(old)
+        view = new or old
+        if view is not None:
+            ctrl = view.controller
+            grew = new is not None and bool(new.facts) and (old is None or old.facts != new.facts)
+            for key in s.owners_of(view.namespace, ctrl.uid if ctrl else None):
+                if grew:  # the size of a select_via owner lives here
+                    s.releasable.room_made(key)
+                s.queue.add(key)
+
+    # -- pods ------------------------------------------------------------------------------------
+
+    def pod_handler(self, rt: KindRuntime) -> Callable[[PodView | None, PodView | None], None]:
+        """The handler of one kind's pod watch (the same pod may be in several kinds' watches)."""
+        s, gate = self.s, rt.gate
+
+        def on_pod(old: PodView | None, new: PodView | None) -> None:
+            rt.pods.on_change(old, new)
+            pod = new or old
+            if pod is None:
+                return
+            if new is not None:
+                s.releasable.pod_seen(new.uid)
+            settled = new is None or not new.has_gate(gate) or new.terminal or new.deleting
+            if settled:
+                # only this kind's own view clears what this kind's reconcile expects
+                s.expectations.observe(pod.uid, rt.kind)
+                s.blocked.clear(pod.uid)
+            if (
+                rt.mode == "release"
+                and s.leading()  # a standby sees the leader's releases: not foreign
+                and _after(pod, s.term_rv)  # nor is a release older than this term
+                and old is not None
+                and new is not None
+                and old.has_gate(gate)
+                and not new.has_gate(gate)
+                and pod.uid not in s.ours
+                and pod.uid not in s.gone  # a lagging watch replaying a gone pod's past
+            ):
+                self.notices.foreign_release(new, rt)
+            if new is None and not any(pod.uid in k.pods.by_uid for k in s.kinds.values()):
+                s.forget_pod(pod.uid)  # no view holds it any more
+            if old is not None and new is not None and not _relevant_change(old, new):
+                return
+            ctrl = pod.controller
+            keys = s.owners_of(pod.namespace, ctrl.uid if ctrl else None)
+            freed = _released_live(old, gate) and not _released_live(new, gate)
+            # any pod that ends or goes, released or gated: the owner may have shrunk, and
+            # Kueue lowers a shrunk owner's slice in place once its pods are gone
+            left = _live(old) and not _live(new)
+            rv = resource_version_number(pod.resource_version)
+            for key in keys:
+                if freed:
+                    s.releasable.room_made(key)
+                if (freed or left) and rv is not None:
+                    s.freed_rv[key] = max(rv, s.freed_rv.get(key, 0))
+                s.queue.add(key)
+
+        return on_pod
+
+
+def _relevant_change(old: PodView, new: PodView) -> bool:
+    return (
+        old.gates != new.gates
+        or old.terminal != new.terminal
+        or old.deleting != new.deleting
+        or old.labels != new.labels
+        or old.owner_refs != new.owner_refs
+    )
+
+
+def _admission_changed(old: WorkloadView | None, new: WorkloadView) -> bool:
+    """An admitted slice that was not admitted before, or is admitted for other counts."""
+    if not new.condition_true(ADMITTED):
+        return False
+    return old is None or not old.condition_true(ADMITTED) or old.assignments != new.assignments
+
+
+def _released_live(pod: PodView | None, gate: str) -> bool:
+    return _live(pod) and pod is not None and not pod.has_gate(gate)
+
+
+def _live(pod: PodView | None) -> bool:
+    return pod is not None and not pod.terminal and not pod.deleting
+
+
+def _after(pod: PodView, resource_version: int) -> bool:
+    """Whether this view of the pod is newer than ``resource_version`` (yes if unknowable)."""
+    rv = resource_version_number(pod.resource_version)
+    return rv is None or rv > resource_version

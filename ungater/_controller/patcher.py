@@ -1,0 +1,123 @@
+"""Release patches sent, and what came of each: the only place a pod's gate is removed.
+
+One guarded JSON patch per pod (``patches.release_patch``), at most
+``client.patchConcurrency`` at once, none once leadership is lost or the kind has turned to
+audit (``mode: auto`` after a guard check, or a stand-down). Each request ends in one
+outcome the reconciler acts on: ``released``, ``deleting`` (it landed on a pod being deleted:
+no release), ``blocked`` (refused for good: the pod backs off), ``gone``, ``conflict`` (changed
+under us: re-decide), ``skipped`` (not leading) or ``error`` (it may have landed).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import anyio
+
+from ungater._controller.notices import Notices
+from ungater._controller.state import KindRuntime, State, resource_version_number
+from ungater._decide.decision import Release
+from ungater._decide.patches import release_patch
+from ungater._decide.refusals import (
+    BLOCKED,
+    CONFLICT,
+    ERROR,
+    GONE,
+    classify_patch_error,
+    server_message,
+)
+from ungater._kube.client import PODS, ApiError
+from ungater._model.views import parse_pod
+
+__all__ = ["BLOCKED", "CONFLICT", "DELETING", "ERROR", "GONE", "RELEASED", "SKIPPED", "Patcher"]
+
+log = logging.getLogger("ungater.controller")  # the controller's voice, as before the split
+
+# outcomes beside the refusals named by ungater._decide.refusals (gone, conflict, blocked, error)
+RELEASED = "released"
+DELETING = "deleting"  # it landed on a pod already being deleted
+SKIPPED = "skipped"
+
+
+class Patcher:
+    def __init__(self, state: State, notices: Notices) -> None:
+        self.s = state
+        self.notices = notices
+        self._slots = anyio.Semaphore(state.config.client.patch_concurrency)
+
+    async def release_all(
+        self, releases: Sequence[Release], rt: KindRuntime | None = None
+    ) -> dict[str, str]:
+        """Patch every pod of ``releases`` (bounded concurrency); the outcome per pod UID.
+        Each patch not yet sent is skipped once ``rt`` (the owner's kind) stops releasing."""
+        outcomes: dict[str, str] = {}
+
+        async def one(r: Release) -> None:
+            async with self._slots:
+                if rt is not None and rt.mode != "release":
+                    outcomes[r.pod.uid] = SKIPPED  # switched to audit since the decision
+                    return
+                outcomes[r.pod.uid] = await self.release(r)
+
+        async with anyio.create_task_group() as tg:
+            for r in releases:
+                tg.start_soon(one, r)
+        return outcomes
+
+    async def release(self, r: Release) -> str:
+        outcome = await self._release_once(r)
+        if self.s.metrics is not None:
+            self.s.metrics.observe_patch(outcome)
+        return outcome
+
+    async def _release_once(self, r: Release) -> str:
+        s = self.s
+        if not s.leading():
+            return SKIPPED  # leadership lost since the decision: act no more
+        try:
+            patched = await s.client.json_patch(PODS, r.pod.namespace, r.pod.name, release_patch(r))
+        except ApiError as exc:
+            outcome = classify_patch_error(exc.status, exc.reason, exc.body)
+            if outcome == GONE:
+                s.stats.patch_gone += 1
+                return GONE
+            if outcome == BLOCKED:
+                s.stats.patch_blocked += 1
+                message = server_message(exc.reason, exc.body)
+                s.blocked.record(r.pod.uid, r.pod.namespace, r.pod.name, exc.status, message)
+                return BLOCKED
+            if outcome == CONFLICT:
+                s.stats.patch_conflicts += 1
+                log.info(
+                    "pod %s/%s changed under us (%s); re-deciding", r.pod.namespace, r.pod.name, exc
+                )
+                return CONFLICT
+            s.stats.patch_errors += 1
+            log.warning("patching pod %s/%s failed: %s", r.pod.namespace, r.pod.name, exc)
+            return ERROR
+        except (OSError, TimeoutError) as exc:
+            s.stats.patch_errors += 1
+            log.warning("patching pod %s/%s failed: %r", r.pod.namespace, r.pod.name, exc)
+            return ERROR
+        meta = (patched or {}).get("metadata") or {}
+        written = resource_version_number(str(meta.get("resourceVersion") or ""))
+        if written is not None:
+            s.written[r.pod.uid] = written  # the gate is gone from here on, by our hand
+        if meta.get("deletionTimestamp"):
+            # the gate is gone, but so is the pod: a terminating pod runs nothing and frees
+            # its slot, so this is no release (not counted, logged or announced)
+            s.stats.released_deleting += 1
+            return DELETING
+        return RELEASED
+
+    async def check_foreign_release(self, r: Release, rt: KindRuntime) -> None:
+        """Our guarded patch was refused: if the gate is gone, another writer released the pod."""
+        if r.pod.uid in self.s.foreign_seen or r.pod.uid in self.s.written:
+            return  # reported already, or the gate went by an earlier write of ours
+        fresh = await self.s.client.get(PODS, r.pod.namespace, r.pod.name)
+        if fresh is None:
+            return
+        view = parse_pod(fresh)
+        if view.uid == r.pod.uid and not view.has_gate(r.gate):
+            self.notices.foreign_release(view, rt)

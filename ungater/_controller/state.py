@@ -1,0 +1,368 @@
+"""What the controller's parts share: the caches, the work queue and the bookkeeping around them.
+
+The manager (``controller.py``) builds one ``State`` and hands it to the event handlers
+(``handlers.py``), the reconciler (``reconciler.py``), the patcher (``patcher.py``) and the
+notices (``notices.py``). Keeping it in one plain object makes each part's reads and writes
+visible by name, instead of every part reaching into the manager. No I/O here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import anyio
+
+from ungater._controller.queue import WorkQueue
+from ungater._decide.assess import owner_of
+from ungater._decide.decision import Decision, active_slice, gated_by_reason, order_slices
+from ungater._decide.expectations import Expectations
+from ungater._decide.findings import FINDINGS
+from ungater._decide.indexes import OwnerKey, PodIndex, WorkloadIndex, ancestors
+from ungater._decide.refusals import BlockedReleases
+from ungater._decide.releasable import ReleasableClock
+from ungater._decide.standdown import StandDown
+from ungater._kube.client import KubeClient
+from ungater._kube.gateguard import GateGuard
+from ungater._kube.reflector import ReflectorStats
+from ungater._model.config import Config
+from ungater._model.views import Kind, ObjectView, parse_object
+from ungater._observe.auditor import Auditor
+from ungater._observe.collector import WATCH_SERIES, ControllerSnapshot
+from ungater._observe.events import EventRecorder, InvolvedObject
+from ungater._observe.metrics import Metrics
+from ungater._plugins.registry import KindHandler, PluginError
+
+__all__ = [
+    "KindRuntime",
+    "OwnerFacts",
+    "State",
+    "Stats",
+    "Uncertain",
+    "resource_version_number",
+]
+
+log = logging.getLogger("ungater.controller")  # the controller's voice, as before the split
+
+
+@dataclass
+class KindRuntime:
+    """What the controller holds per configured owner kind."""
+
+    handler: KindHandler
+    gate: str
+    pods: PodIndex
+    mode: str = "release"  # what it does now; "audit": decide and report, never patch
+    configured: str = (
+        ""  # the config's mode ("auto" follows the gate guard: ungater._controller.modes)
+    )
+    why: str = ""  # why it runs in ``mode`` (/readyz)
+    stood_down: str = ""  # why this kind stopped releasing (see ungater._decide.standdown)
+
+    @property
+    def kind(self) -> Kind:
+        return self.handler.kind
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerFacts:
+    """What a plugin extracted from an owner object, kept instead of the object; ``error``
+    when the plugin could not read it (the owner's size is then unknown: nothing is released)."""
+
+    namespace: str
+    uid: str
+    facts: dict[str, Any]
+    resource_version: str = ""
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Uncertain:
+    """A release patch sent whose outcome we do not know (no answer yet, a timeout, a 5xx, a
+    cancelled request). It counts as released until ``Reconciler`` proves it cannot land."""
+
+    key: OwnerKey
+    namespace: str
+    name: str
+    resource_version: str  # the one the patch tests: it can land only on the pod at this version
+
+
+@dataclass
+class Stats:
+    reconciles: int = 0
+    reconcile_errors: int = 0
+    plugin_errors: int = 0
+    released: int = 0
+    patch_conflicts: int = 0
+    patch_gone: int = 0
+    patch_errors: int = 0
+    patch_blocked: int = 0
+    released_deleting: int = 0
+    fences: int = 0  # unanswered releases made unable to land (reconciler._fence)
+    proof_reads: int = 0  # a new term's quorum reads of an owner's pods
+    foreign_releases: int = 0
+    skipped_kinds: list[str] = field(default_factory=list)
+
+
+#: How many deleted pods ``State.gone`` remembers: far more than a lagging watch replays.
+GONE_REMEMBERED = 4096
+
+
+def resource_version_number(resource_version: str) -> int | None:
+    """An etcd-backed API server's resourceVersions are increasing integers across all
+    resources; anything else cannot be ordered."""
+    return int(resource_version) if resource_version.isdigit() else None
+
+
+class State:
+    def __init__(
+        self,
+        config: Config,
+        client: KubeClient,
+        kinds: dict[Kind, KindRuntime],
+        stats: Stats,
+        clock: Callable[[], float],
+        metrics: Metrics | None,
+        events: EventRecorder | None,
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.kinds = kinds
+        self.stats = stats
+        self.clock = clock
+        self.metrics = metrics
+        self.events = events
+        self.leading: Callable[[], bool] = lambda: True  # set by the manager under election
+        self.workload_version = ""
+        # caches, filled by the event handlers
+        self.workloads = WorkloadIndex()
+        self.objects: dict[str, ObjectView] = {}  # intermediate owners by UID
+        self.controlled: dict[str, set[str]] = {}  # controller UID -> cached objects it controls
+        self.owner_facts: dict[str, dict[str, Any]] = {}
+        self.owner_errors: dict[str, str] = {}  # owner UID -> why its plugin cannot read it
+        self.owner_rv: dict[str, int] = {}
+        # per owner: the newest resourceVersion at which it may have shrunk (one of its pods
+        # ended or went away, released or gated, or its own object changed), to tell whether
+        # the cached owner object or slice may predate it (the fence, reconciler.py)
+        self.freed_rv: dict[OwnerKey, int] = {}
+        self.queue: WorkQueue[OwnerKey] = WorkQueue()
+        self.expectations = Expectations(config.expectations_timeout_seconds, clock)
+        self.decisions: dict[OwnerKey, Decision] = {}  # each owner's last decision
+        self.ours: set[str] = set()  # pods we are patching or have patched, to spot others
+        # pod UID -> the resourceVersion our release wrote: a view of the pod older than that
+        # has not seen our write, whatever watch it came from, and must not be decided on
+        self.written: dict[str, int] = {}
+        self.foreign_seen: set[str] = set()  # pods already reported released by another
+        # pods seen deleted lately (bounded, oldest first out): a watch that lags may still
+        # replay one's history, and a gate removal in it is old news, not a foreign release
+        # (what we had released of it was forgotten when it went)
+        self.gone: dict[str, None] = {}
+        # pod UID -> a release patch whose outcome is unknown: in flight until proven otherwise
+        self.uncertain: dict[str, Uncertain] = {}
+        # leadership: the resourceVersion at which this term began (a release older than it
+        # is the previous leader's, not a foreign one), and the owners whose cached pods a
+        # quorum read has confirmed since (the others are decided on such a read)
+        self.term_rv = 0
+        self.proven: set[OwnerKey] | None = None  # None: no proof needed (no term changed)
+        # the resourceVersion each cache has seen up to (set by the manager): once every one
+        # is past term_rv, the caches show all the previous leader did, and prove every owner
+        self.cache_versions: Callable[[], Iterable[str]] = lambda: ()
+        rb = config.release_blocked
+        self.blocked = BlockedReleases(  # releases refused for good, per pod
+            rb.initial_backoff_seconds, rb.max_backoff_seconds, clock=clock
+        )
+        self.releasable = ReleasableClock(clock)  # when each gated pod could first go
+        self.auditor = Auditor(config.audit, config.slice_handover_grace_seconds, metrics, events)
+        self.stand_down = StandDown(config.stand_down, clock)
+        self.guard = GateGuard(  # is each gate guarded against the other releaser?
+            client, (rt.gate for rt in kinds.values()), config.policy_check_interval_seconds
+        )
+        self.fatal_error = ""  # set when the process must end (standDown.action: exit)
+        self.stop: anyio.Event | None = None  # the manager's stop, once it runs
+
+    def forget_pod(self, uid: str) -> None:
+        """A pod no view holds any more: drop what we kept about it, remember that it went."""
+        self.ours.discard(uid)
+        self.written.pop(uid, None)
+        self.foreign_seen.discard(uid)
+        self.uncertain.pop(uid, None)  # a release patch cannot land on a pod gone
+        self.releasable.pod_gone(uid)
+        self.went(uid)
+
+    def went(self, uid: str) -> None:
+        """Remember that the pod is gone from the server: a lagging watch may still replay its
+        past, and a gate removal there is old news (maybe our own unanswered release)."""
+        self.gone.pop(uid, None)
+        self.gone[uid] = None
+        if len(self.gone) > GONE_REMEMBERED:
+            del self.gone[next(iter(self.gone))]
+
+    def describe(self, key: OwnerKey) -> str:
+        """The owner as a person reads it, ``Job.batch team-a/train``, for log lines (a UID
+        only while no Workload names it)."""
+        owner = owner_of(self.workloads.for_owner(key.uid))
+        if owner is None:
+            return f"owner {key.namespace}/{key.uid}"
+        return f"{owner.group_kind} {key.namespace}/{owner.name}"
+
+    def kind_of(self, key: OwnerKey) -> KindRuntime | None:
+        owner = owner_of(self.workloads.for_owner(key.uid))
+        return self.kinds.get(owner.group_kind) if owner else None
+
+    def owners_of(self, namespace: str, controller_uid: str | None) -> list[OwnerKey]:
+        """The owners with Workloads above an object whose controller is ``controller_uid``."""
+        if controller_uid is None:
+            return []
+        obj = self.objects.get(controller_uid)
+        uids = (
+            [controller_uid, *ancestors(obj.controller, self.objects)] if obj else [controller_uid]
+        )
+        return [OwnerKey(namespace, uid) for uid in uids if self.workloads.has_owner(uid)]
+
+    def event_for(self, key: OwnerKey, type_: str, reason: str, message: str) -> None:
+        """An Event on the owner's newest slice (best effort, rate-limited by the recorder)."""
+        if self.events is None:
+            return
+        slices = self.workloads.for_owner(key.uid)
+        if not slices:
+            return
+        wl = active_slice(slices) or order_slices(slices)[-1]
+        self.events.record(
+            InvolvedObject.workload(wl, self.workload_version), type_, reason, message
+        )
+
+    # -- intermediate objects, indexed by their controller ---------------------------------------
+
+    def keep_object(self, view: ObjectView) -> None:
+        """Cache an intermediate object, unless a fresh read already gave a newer version."""
+        held = self.objects.get(view.uid)
+        if held is not None:
+            new, old = (resource_version_number(v.resource_version) for v in (view, held))
+            if new is not None and old is not None and new < old:
+                return
+            self.forget_object(held)
+        self.objects[view.uid] = view
+        if view.controller is not None:
+            self.controlled.setdefault(view.controller.uid, set()).add(view.uid)
+
+    def forget_object(self, view: ObjectView) -> None:
+        held = self.objects.pop(view.uid, None)
+        ctrl = held.controller if held is not None else None
+        if ctrl is not None and ctrl.uid in self.controlled:
+            self.controlled[ctrl.uid].discard(view.uid)
+            if not self.controlled[ctrl.uid]:
+                del self.controlled[ctrl.uid]
+
+    def objects_controlled_by(self, uid: str) -> list[ObjectView]:
+        return [self.objects[u] for u in self.controlled.get(uid, ())]
+
+    # -- owner objects: the plugin's facts and the resourceVersion they were read at ----------
+
+    def parse_owner(self, rt: KindRuntime, obj: Mapping[str, Any]) -> OwnerFacts:
+        meta = obj.get("metadata") or {}
+        error = ""
+        try:
+            facts = rt.handler.owner_facts(obj)
+        except PluginError as exc:
+            self._plugin_error(exc, f"{meta.get('namespace')}/{meta.get('name')}")
+            facts, error = {}, str(exc)
+        return OwnerFacts(
+            str(meta.get("namespace", "")),
+            str(meta.get("uid", "")),
+            facts,
+            str(meta.get("resourceVersion", "")),
+            error,
+        )
+
+    def _plugin_error(self, exc: PluginError, what: str) -> None:
+        self.stats.plugin_errors += 1
+        log.error("%s: %s", what, exc)
+        if self.metrics is not None:
+            self.metrics.observe_plugin_error(exc.plugin.name)
+
+    def parse_via(self, rt: KindRuntime, obj: Mapping[str, Any]) -> ObjectView:
+        """An object a ``select_via`` kind's pods are selected through, with the plugin's facts
+        of it (the size of a RayJob's RayCluster)."""
+        view = parse_object(obj)
+        try:
+            facts = rt.handler.owner_facts(obj)
+        except PluginError as exc:
+            self._plugin_error(exc, f"{view.namespace}/{view.name}")
+            return replace(view, facts={}, facts_error=str(exc))
+        return replace(view, facts=dict(facts))
+
+    def keep_owner(self, view: OwnerFacts) -> None:
+        rv = resource_version_number(view.resource_version)
+        if rv is not None and rv < self.owner_rv.get(view.uid, -1):
+            return  # a fresh read already gave us something newer than this event
+        self.owner_facts[view.uid] = view.facts
+        self.owner_rv[view.uid] = rv if rv is not None else -1
+        if view.error:
+            self.owner_errors[view.uid] = view.error
+        else:
+            self.owner_errors.pop(view.uid, None)
+
+    def forget_owner(self, view: OwnerFacts) -> None:
+        self.owner_facts.pop(view.uid, None)
+        self.owner_rv.pop(view.uid, None)
+        self.owner_errors.pop(view.uid, None)
+
+    # -- figures ---------------------------------------------------------------------------------
+
+    def gated_pods(self) -> dict[tuple[str, str, str], int]:
+        """Gated pods by (kind, gate, why they wait), from each owner's last decision."""
+        out: dict[tuple[str, str, str], int] = {}
+        for key, decision in list(self.decisions.items()):
+            rt = self.kind_of(key)
+            if rt is None:
+                continue
+            for reason, n in gated_by_reason(decision).items():
+                label = (str(rt.kind), rt.gate, reason)
+                out[label] = out.get(label, 0) + n
+        return out
+
+    def _audit_findings(self) -> dict[tuple[str, str], int]:
+        """Open findings per (kind, finding), with 0 for every finding of an audited kind that
+        has none open: a series that vanishes reads as "no data", not as "resolved"."""
+        out = {
+            (str(kind), finding): 0
+            for kind, rt in self.kinds.items()
+            if rt.mode == "audit"
+            for finding in FINDINGS
+        }
+        out.update(self.auditor.tracker.counts())
+        return out
+
+    def snapshot(
+        self, watches: Iterable[tuple[str, ReflectorStats]], synced: bool
+    ) -> ControllerSnapshot:
+        """The figures ``ungater._observe.metrics`` exports at scrape time; ``watches``: each reflector's
+        name and counters (summed per name)."""
+        totals: dict[str, dict[str, int]] = {}
+        for name, stats in watches:
+            counters = totals.setdefault(name, {})
+            for counter in WATCH_SERIES:
+                counters[counter] = counters.get(counter, 0) + getattr(stats, counter)
+        return ControllerSnapshot(
+            queue_depth=self.queue.depth,
+            queue_adds=self.queue.adds,
+            queue_retries=self.queue.retries,
+            expectations_pending=len(self.expectations),
+            expectations_expired=self.expectations.expired_total,
+            release_blocked=len(self.blocked),
+            watches=totals,
+            cached_workloads=len(self.workloads),
+            cached_pods=sum(len(rt.pods) for rt in self.kinds.values()),
+            cached_intermediates=len(self.objects),
+            synced=synced,
+            audit_findings=self._audit_findings(),
+            stood_down={str(kind): bool(rt.stood_down) for kind, rt in self.kinds.items()},
+            modes={str(kind): rt.mode for kind, rt in self.kinds.items()},
+            stale_provisioning_pods=sum(
+                len(r.stale) for d in list(self.decisions.values()) for r in d.pod_sets
+            ),
+            gate_guard={gate: st.state for gate, st in self.guard.status.items()},
+            gated_pods=self.gated_pods(),
+        )
