@@ -16,7 +16,7 @@ $(BIN)/python:
 # The runtime (with its test tools) and the dev tools (devtools/: the local control plane, the
 # demo and the pytest fixtures, a distribution of their own so that the runtime ships none of it).
 $(STAMP): $(BIN)/python pyproject.toml devtools/pyproject.toml examples/ungater-leaderworkerset/pyproject.toml
-	PYTHONWARNINGS=ignore::UserWarning $(BIN)/pip install -q -e '.[test]' -e devtools
+	PYTHONWARNINGS=ignore::UserWarning $(BIN)/pip install -q -e '.[test]' -e devtools --group lint
 	PYTHONWARNINGS=ignore::UserWarning $(BIN)/pip install -q -e examples/ungater-leaderworkerset
 	touch $(STAMP)
 
