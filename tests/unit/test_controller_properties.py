@@ -559,27 +559,17 @@ class Replica:
         # replica's Workload cache showed Finished when that release was decided (read from
         # the cache itself, not from what the decision made of it)
         self.finished_seen: dict[tuple[str, str], frozenset[str]] = {}
-        release = self.ctl.reconciler._release
 
-        async def release_decided(
-            key: Any, rt: Any, owner: str, decision: Any, active: Any
-        ) -> None:
+        def decided(key: Any, decision: Any) -> None:
             # called right after the decision, with no await between: the cache it decided on
             finished = frozenset(
                 w.name for w in self.ctl.workloads.for_owner(key.uid) if w.condition_true(FINISHED)
             )
             for r in decision.releases:
                 self.finished_seen[(r.pod.uid, r.pod.resource_version)] = finished
-            await release(key, rt, owner, decision, active)
 
-        self.ctl.reconciler._release = release_decided  # type: ignore[method-assign]
-        report = self.ctl.notices.foreign_release
-
-        def foreign_release(pod: Any, rt: Any) -> None:
-            self.called_foreign.append(pod.name)
-            report(pod, rt)
-
-        self.ctl.notices.foreign_release = foreign_release  # type: ignore[method-assign]
+        self.ctl.reconciler.on_decision = decided
+        self.ctl.notices.on_foreign_release = lambda pod: self.called_foreign.append(pod.name)
 
     async def run(self) -> None:
         try:

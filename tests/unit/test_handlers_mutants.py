@@ -555,7 +555,7 @@ async def test_the_slice_fence_is_armed_when_a_live_pod_ends_or_goes_released_or
     old, new = states[before], states[after]
     assert old is not None
     ctl.handlers.pod_handler(rt)(parse_pod(old), None if new is None else parse_pod(new))
-    assert ctl.state.freed_rv.get(key) == fence
+    assert ctl.state.shrink_rv.get(key) == fence
 
 
 async def test_the_newest_freed_slot_is_kept_whichever_view_shows_an_older_one_later() -> None:
@@ -569,7 +569,7 @@ async def test_the_newest_freed_slot_is_kept_whichever_view_shows_an_older_one_l
     ctl.handlers.pod_handler(jobset_rt)(
         parse_pod(second), parse_pod(_with_rv(deleting(second), 45))
     )
-    assert ctl.state.freed_rv[key] == 50
+    assert ctl.state.shrink_rv[key] == 50
 
 
 class _TrainerPlugin:

@@ -433,7 +433,7 @@ async def test_a_release_is_announced_per_pod_set_with_its_count_and_latency() -
         ] == [("Workload", slice_.uid, released_message(3, "main"))]
 
 
-# -- _settle_expired ------------------------------------------------------------------------------
+# -- settle_expired ------------------------------------------------------------------------------
 
 
 class Ordered(frozenset[str]):
@@ -507,13 +507,13 @@ async def test_settling_re_arms_only_pods_the_server_shows_released_and_live() -
         ctl.expectations.expect(key, uids, JOB)
         clock.now += TIMEOUT + 1
         rt = rt_of(ctl)
-        await ctl.reconciler._settle_expired(key, rt, ctl.expectations.expired(key))
+        await ctl.reconciler.settler.settle_expired(key, rt, ctl.expectations.expired(key))
         assert ctl.expectations.pending(key) == {uid(pods[0])}
         assert ctl.expectations.next_deadline(key) == TIMEOUT  # re-armed now, not left expired
         assert ctl.expectations.expired_total == 8
         assert ctl.expectations.observe(uid(pods[0]), OTHER_VIEW) is None  # the deciding view's
         clock.now += TIMEOUT + 1
-        await ctl.reconciler._settle_expired(key, rt, ctl.expectations.expired(key))
+        await ctl.reconciler.settler.settle_expired(key, rt, ctl.expectations.expired(key))
         assert ctl.expectations.expired_total == 9  # counts add up
         assert ctl.expectations.pending(key) == {uid(pods[0])}
 
@@ -538,7 +538,7 @@ async def test_one_pod_skipped_while_settling_does_not_stop_settling_the_next(sk
         released_by_someone(fake, pods[1])
         ctl.expectations.expect(key, [first, uid(pods[1])], JOB)
         clock.now += TIMEOUT + 1
-        await ctl.reconciler._settle_expired(key, rt_of(ctl), Ordered([first, uid(pods[1])]))
+        await ctl.reconciler.settler.settle_expired(key, rt_of(ctl), Ordered([first, uid(pods[1])]))
         assert ctl.expectations.pending(key) == {uid(pods[1])}
         assert ctl.expectations.next_deadline(key) == TIMEOUT
 
@@ -690,8 +690,8 @@ async def free_a_slot(ctl: Controller, fake: FakeKube, key: OwnerKey, pod: dict[
     is free, and the reconcile must read both fresh before refilling it."""
     released_by_someone(fake, pod, phase="Failed")
     await cached(ctl, key, fake, 3)
-    await eventually(lambda: key in ctl.state.freed_rv, timeout=3, what="the freed slot")
-    freed = ctl.state.freed_rv[key]
+    await eventually(lambda: key in ctl.state.shrink_rv, timeout=3, what="the freed slot")
+    freed = ctl.state.shrink_rv[key]
     assert ctl.state.owner_rv[key.uid] < freed  # the fence is up for the owner ...
     slice_ = ctl.workloads.for_owner(key.uid)[0]
     assert int(slice_.resource_version) < freed  # ... and for its slice
@@ -1084,7 +1084,7 @@ async def test_a_freed_rayjob_slot_is_refilled_only_from_its_raycluster_read_fre
             fake.put(RAYCLUSTERS, fake.read(RAYCLUSTERS, NAMESPACE, rc_name))  # a newer rv
         released_by_someone(fake, workers[0], phase="Failed")
         await eventually(synced, timeout=5, what="the failed worker cached")
-        await eventually(lambda: key in ctl.state.freed_rv, timeout=3, what="the freed slot")
+        await eventually(lambda: key in ctl.state.shrink_rv, timeout=3, what="the freed slot")
         client.calls.clear()
         await ctl.reconciler.reconcile(key)
         reads = [c for c in client.calls if c[0].plural == "rayclusters"]
@@ -1141,8 +1141,8 @@ async def test_a_freed_slot_with_owner_and_slice_seen_since_is_refilled_without_
         await synced_owner(ctl, key)
         released_by_someone(fake, pods[0], phase="Failed")
         await cached(ctl, key, fake, 3)
-        await eventually(lambda: key in ctl.state.freed_rv, timeout=3, what="the freed slot")
-        freed = ctl.state.freed_rv[key]
+        await eventually(lambda: key in ctl.state.shrink_rv, timeout=3, what="the freed slot")
+        freed = ctl.state.shrink_rv[key]
         fake.put(JOBS, fake.read(JOBS, NAMESPACE, name(j)))
         wl = fake.items(WORKLOADS)[0]
         fake.put(WORKLOADS, wl)
@@ -1186,8 +1186,8 @@ async def test_a_freed_rayjob_slot_with_its_raycluster_seen_since_is_refilled_wi
     async with standby(fake, cfg, client=client) as (ctl, _):
         rt = ctl.kinds[Kind("ray.io", "RayJob")]
         released_by_someone(fake, workers[0], phase="Failed")
-        await eventually(lambda: key in ctl.state.freed_rv, timeout=3, what="the freed slot")
-        freed = ctl.state.freed_rv[key]
+        await eventually(lambda: key in ctl.state.shrink_rv, timeout=3, what="the freed slot")
+        freed = ctl.state.shrink_rv[key]
         fake.put(RAYCLUSTERS, fake.read(RAYCLUSTERS, NAMESPACE, rc_name))
         fake.put(WORKLOADS, fake.items(WORKLOADS)[0])
 
@@ -1235,7 +1235,7 @@ async def test_a_freed_slot_of_a_kind_whose_owner_is_never_read_is_refilled_with
         assert ctl.kinds[JOB].handler.spec.owner_resource is None
         released_by_someone(fake, pods[0], phase="Failed")
         await cached(ctl, key, fake, 3)
-        await eventually(lambda: key in ctl.state.freed_rv, timeout=3, what="the freed slot")
+        await eventually(lambda: key in ctl.state.shrink_rv, timeout=3, what="the freed slot")
         client.gets.clear()
         decision = await ctl.reconciler.reconcile(key)
         assert decision is not None and decision.released_names == [name(pods[2])]
@@ -1254,7 +1254,7 @@ async def test_a_freed_slot_whose_job_was_never_cached_is_refilled_after_reading
         await cached(ctl, key, fake, 3)
         released_by_someone(fake, pods[0], phase="Failed")
         await cached(ctl, key, fake, 3)
-        await eventually(lambda: key in ctl.state.freed_rv, timeout=3, what="the freed slot")
+        await eventually(lambda: key in ctl.state.shrink_rv, timeout=3, what="the freed slot")
         assert key.uid not in ctl.state.owner_rv
         client.gets.clear()
         decision = await ctl.reconciler.reconcile(key)

@@ -16,7 +16,7 @@ from ungater._decide.assess import owner_facts_of, owner_of, pod_facts, pod_sele
 from ungater._decide.decision import Decision, PodFacts, active_slice, decide, order_slices
 from ungater._decide.findings import Finding, audit_owner
 from ungater._decide.refusals import BLOCKED, classify_patch_error, server_message
-from ungater._kube.client import PODS, ApiError, KubeClient, Resource
+from ungater._kube.client import PODS, ApiError, KubeClient, Resource, selector_text
 from ungater._kube.gateguard import check_guards
 from ungater._kube.kueue import KUEUE_GROUP, workload_resource
 from ungater._model.config import Config, KindConfig
@@ -134,9 +134,7 @@ async def read_owner(
             unknown.append(f"{owner.kind} {owner.name} was not found")
     pods = []
     for selector in pod_selectors(handler, owner, vias):
-        raw_pods, _ = await client.list_objects(
-            PODS, namespace, ",".join(f"{k}={v}" for k, v in selector.items())
-        )
+        raw_pods, _ = await client.list_objects(PODS, namespace, selector_text(selector))
         pods += [parse_pod(p) for p in raw_pods]
     facts_of_owner = owner_facts_of(handler, owner_facts or None, vias)
     return OwnerRead(

@@ -118,7 +118,7 @@ class EventHandlers:
                 # it may have shrunk: Kueue then lowers its slice in place, so a cached slice
                 # older than this change may count too high (the slice fence, reconciler.py)
                 key = OwnerKey(new.namespace, new.uid)
-                s.freed_rv[key] = max(rv, s.freed_rv.get(key, 0))
+                s.shrink_rv[key] = max(rv, s.shrink_rv.get(key, 0))
             s.keep_owner(new)
         elif old is not None:
             s.forget_owner(old)
@@ -190,7 +190,7 @@ class EventHandlers:
                 if freed:
                     s.releasable.room_made(key)
                 if (freed or left) and rv is not None:
-                    s.freed_rv[key] = max(rv, s.freed_rv.get(key, 0))
+                    s.shrink_rv[key] = max(rv, s.shrink_rv.get(key, 0))
                 s.queue.add(key)
 
         return on_pod

@@ -10,7 +10,7 @@ the manager; it reads the shared ``State`` and moves its queue, nothing more.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ungater._controller.modes import ModeSwitch
 from ungater._controller.state import KindRuntime, State
@@ -40,6 +40,9 @@ class Notices:
         self._inactive_since: dict[OwnerKey, float] = {}  # chains seen without an active slice
         self.modes = ModeSwitch(state)  # mode: auto follows each guard check
         state.guard.on_refresh = self.modes.follow
+        #: Called with every pod shown released by another writer (each time it is shown,
+        #: before the once-per-pod report): what tests and tools watch it through.
+        self.on_foreign_release: Callable[[PodView], None] | None = None
 
     def forget(self, key: OwnerKey) -> None:
         self._inactive_since.pop(key, None)
@@ -130,6 +133,8 @@ class Notices:
     def foreign_release(self, pod: PodView, rt: KindRuntime) -> None:
         """Our gate was removed from ``pod`` by another writer: warn, count, maybe stand down."""
         c = self.c
+        if self.on_foreign_release is not None:
+            self.on_foreign_release(pod)
         gate = rt.gate
         if pod.uid in c.foreign_seen:
             return  # once per pod, whichever watch or refused patch shows it again

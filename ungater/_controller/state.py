@@ -100,7 +100,7 @@ class Stats:
     patch_errors: int = 0
     patch_blocked: int = 0
     released_deleting: int = 0
-    fences: int = 0  # unanswered releases made unable to land (reconciler._fence)
+    fences: int = 0  # unanswered releases made unable to land (settling.Settler.fence)
     proof_reads: int = 0  # a new term's quorum reads of an owner's pods
     foreign_releases: int = 0
     skipped_kinds: list[str] = field(default_factory=list)
@@ -145,8 +145,8 @@ class State:
         self.owner_rv: dict[str, int] = {}
         # per owner: the newest resourceVersion at which it may have shrunk (one of its pods
         # ended or went away, released or gated, or its own object changed), to tell whether
-        # the cached owner object or slice may predate it (the fence, reconciler.py)
-        self.freed_rv: dict[OwnerKey, int] = {}
+        # the cached owner object or slice may predate it (the fence, freshreads.py)
+        self.shrink_rv: dict[OwnerKey, int] = {}
         self.queue: WorkQueue[OwnerKey] = WorkQueue()
         self.expectations = Expectations(config.expectations_timeout_seconds, clock)
         self.decisions: dict[OwnerKey, Decision] = {}  # each owner's last decision

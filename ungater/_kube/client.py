@@ -6,7 +6,7 @@ in-memory fake with the same protocol; production uses ``adapter.ApiClientKube``
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -18,7 +18,13 @@ __all__ = [
     "GoneError",
     "KubeClient",
     "Resource",
+    "selector_text",
 ]
+
+
+def selector_text(labels: Mapping[str, str]) -> str:
+    """A label selector of equalities as the API server's query takes it, in key order."""
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
 @dataclass(frozen=True, slots=True)

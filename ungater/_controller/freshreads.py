@@ -1,0 +1,186 @@
+"""Quorum reads that stand in for a cache that may lag: when a view may predate a shrink or a
+new leader's term, read the owner, its slice or its pods from the API server before releasing.
+
+``Reconciler`` asks; this module says whether a view may be stale (no I/O) and reads fresh
+(I/O). A read also proves an owner: a quorum list of its pods that matches the cache shows the
+cache holds what the last leader did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from functools import partial
+
+import anyio
+
+from ungater._controller.state import KindRuntime, State, resource_version_number
+from ungater._decide.assess import pod_selectors, via_objects
+from ungater._decide.decision import active_slice
+from ungater._decide.indexes import OwnerKey
+from ungater._kube.client import PODS, Resource, selector_text
+from ungater._kube.kueue import workload_resource
+from ungater._model.views import (
+    MalformedObject,
+    ObjectRef,
+    PodView,
+    WorkloadView,
+    parse_pod,
+    parse_workload,
+)
+
+__all__ = ["FreshReads"]
+
+
+class FreshReads:
+    def __init__(self, state: State) -> None:
+        self.s = state
+
+    def owner_may_be_stale(self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef) -> bool:
+        freed = self.s.shrink_rv.get(key)
+        if freed is None:
+            return False
+        if rt.handler.spec.select_via is not None:  # its size is that of the objects between
+            vias = via_objects(rt.handler, owner, self.s.objects_controlled_by(owner.uid))
+            return any((resource_version_number(v.resource_version) or -1) < freed for v in vias)
+        if rt.handler.spec.owner_resource is None:
+            return False
+        return self.s.owner_rv.get(owner.uid, -1) < freed
+
+    def unproven(self, key: OwnerKey) -> bool:
+        """Whether this term has yet to show that the caches hold what the last leader did,
+        for this owner: by a quorum read that matched them, or by every cache having seen
+        past the Lease write that began the term (then no owner needs a read any more)."""
+        s = self.s
+        if s.proven is None or key in s.proven:
+            return False
+        seen = [resource_version_number(v) for v in s.cache_versions()]
+        if s.term_rv and seen and all(v is not None and v >= s.term_rv for v in seen):
+            s.proven = None
+            return False
+        return True
+
+    @staticmethod
+    def owner_readable(rt: KindRuntime) -> bool:
+        spec = rt.handler.spec
+        return spec.owner_resource is not None or spec.select_via is not None
+
+    def slice_may_be_stale(self, key: OwnerKey, slices: list[WorkloadView]) -> bool:
+        freed = self.s.shrink_rv.get(key)
+        active = active_slice(slices)
+        if freed is None or active is None:
+            return False
+        rv = resource_version_number(active.resource_version)
+        return rv is None or rv < freed
+
+    async def refresh(
+        self,
+        key: OwnerKey,
+        rt: KindRuntime,
+        owner: ObjectRef,
+        slices: list[WorkloadView],
+        stale_owner: bool,
+        stale_slice: bool,
+    ) -> list[WorkloadView]:
+        """The quorum reads the fence needs, at once (one round trip, not two): the owner's
+        slices as they are now, or none when nothing may be released for it."""
+        results: dict[str, object] = {}
+
+        async def read(what: str, fn: Callable[[], Awaitable[object]]) -> None:
+            try:
+                results[what] = await fn()
+            except Exception as exc:  # re-raised below as itself, not as an exception group
+                results[what] = exc
+
+        async with anyio.create_task_group() as tg:
+            if stale_owner:
+                tg.start_soon(read, "owner", partial(self.refresh_owner, rt, key.namespace, owner))
+            if stale_slice:
+                tg.start_soon(read, "slice", partial(self.refresh_slice, key, slices))
+        for result in results.values():
+            if isinstance(result, Exception):
+                raise result
+        if results.get("owner") is False:
+            return []
+        fresh = results.get("slice", slices)
+        assert isinstance(fresh, list)
+        return fresh
+
+    async def refresh_slice(self, key: OwnerKey, slices: list[WorkloadView]) -> list[WorkloadView]:
+        """Read the active slice from the API server (a quorum read) into the Workload cache;
+        the owner's slices as they are now (none when it cannot be read as one of ours)."""
+        active = active_slice(slices)
+        assert active is not None
+        res = workload_resource(self.s.workload_version)
+        obj = await self.s.client.get(res, active.namespace, active.name)
+        fresh = parse_workload(obj) if obj is not None else None
+        if fresh is None or fresh.uid != active.uid:
+            self.s.workloads.on_change(active, None)  # gone, or another object now
+            return []
+        self.s.workloads.on_change(active, fresh)
+        return self.s.workloads.for_owner(key.uid)
+
+    async def refresh_owner(self, rt: KindRuntime, namespace: str, owner: ObjectRef) -> bool:
+        """Read the owner from the API server (a quorum read) into the owner facts.
+
+        False when it is gone or is another object now: nothing may be released for it.
+        """
+        if rt.handler.spec.select_via is not None:
+            await self.refresh_vias(rt, namespace, owner)
+            return True
+        spec = rt.handler.spec.owner_resource
+        assert spec is not None
+        res = Resource(spec.group, spec.version, spec.plural, spec.kind)
+        obj = await self.s.client.get(res, namespace, owner.name)
+        if obj is None or (obj.get("metadata") or {}).get("uid") != owner.uid:
+            return False
+        view = self.s.parse_owner(rt, obj)
+        if resource_version_number(view.resource_version) is None:
+            return False
+        self.s.keep_owner(view)
+        return True
+
+    async def refresh_vias(self, rt: KindRuntime, namespace: str, owner: ObjectRef) -> None:
+        """Read each object the owner's pods are selected through (a quorum read) into the
+        cache; one gone, or another object now, leaves it (its pods then count, unreleased)."""
+        spec = rt.handler.spec.select_via
+        assert spec is not None
+        res = Resource(spec.group, spec.version, spec.plural, spec.kind)
+        for view in via_objects(rt.handler, owner, self.s.objects_controlled_by(owner.uid)):
+            obj = await self.s.client.get(res, namespace, view.name)
+            if obj is None or (obj.get("metadata") or {}).get("uid") != view.uid:
+                self.s.forget_object(view)
+            else:
+                self.s.keep_object(self.s.parse_via(rt, obj))
+
+    async def read_pods(self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef) -> list[PodView]:
+        """The owner's pods as the API server has them now (a quorum list per selector): what a
+        new leader decides on until its cache is shown to hold the same."""
+        s = self.s
+        vias = via_objects(rt.handler, owner, s.objects_controlled_by(owner.uid))
+        fresh: dict[str, PodView] = {}
+        cached: dict[str, PodView] = {}
+        for selector in pod_selectors(rt.handler, owner, vias):
+            text = selector_text(selector)
+            items, _ = await s.client.list_objects(PODS, key.namespace, text)
+            for obj in items:
+                try:
+                    view = parse_pod(obj)
+                except MalformedObject:
+                    continue
+                fresh[view.uid] = view
+            cached.update((p.uid, p) for p in rt.pods.select(key.namespace, selector))
+        s.stats.proof_reads += 1
+        # the cache holds what the server holds: it may decide alone (unless another worker
+        # found, during our reads, that every cache is past the term's start: then all are)
+        if (
+            s.proven is not None
+            and fresh.keys() == cached.keys()
+            and all(_not_older(cached[uid], view) for uid, view in fresh.items())
+        ):
+            s.proven.add(key)
+        return list(fresh.values())
+
+
+def _not_older(cached: PodView, fresh: PodView) -> bool:
+    a, b = (resource_version_number(p.resource_version) for p in (cached, fresh))
+    return a is not None and b is not None and a >= b

@@ -1,0 +1,115 @@
+"""Settling what the controller cannot know from its caches: releases whose answer never came
+(fenced so that they can no longer land) and expectations the watch did not confirm in time.
+
+Both ask the API server for the pod as it is, and leave the bookkeeping as if the watch had
+shown it: a release that landed counts until seen, one that cannot land any more does not.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ungater._controller.state import KindRuntime, State, Uncertain, resource_version_number
+from ungater._decide.indexes import OwnerKey
+from ungater._decide.patches import fence_patch
+from ungater._kube.client import PODS, ApiError
+from ungater._model.views import MalformedObject, parse_pod
+
+__all__ = ["UNSETTLED_RETRY_SECONDS", "Settler"]
+
+log = logging.getLogger("ungater.controller")
+
+#: How soon an owner comes back when one of its unanswered releases could not be settled.
+UNSETTLED_RETRY_SECONDS = 1.0
+
+
+class Settler:
+    def __init__(self, state: State) -> None:
+        self.s = state
+
+    async def settle_uncertain(self, key: OwnerKey, rt: KindRuntime) -> None:
+        """Settle each release of this owner whose outcome is unknown, for good: it counts as
+        released until the server shows the pod at another version (the patch tests the one
+        it was decided on, so it can no longer land) or gone."""
+        s = self.s
+        unsettled = 0
+        for uid, u in [(uid, u) for uid, u in s.uncertain.items() if u.key == key]:
+            if await self.fence(key, rt, uid, u):
+                s.uncertain.pop(uid, None)
+            else:
+                unsettled += 1
+        if unsettled:  # still in flight: decide on that, and come back to settle it
+            s.queue.add_after(key, UNSETTLED_RETRY_SECONDS)
+
+    async def fence(self, key: OwnerKey, rt: KindRuntime, uid: str, u: Uncertain) -> bool:
+        """True once the release sent as ``u`` can never land (and, if it did, it is counted)."""
+        s = self.s
+        for _ in range(3):  # each round either settles or saw the pod change meanwhile
+            try:
+                obj = await s.client.get(PODS, u.namespace, u.name)
+            except (ApiError, OSError, TimeoutError) as exc:
+                log.warning("pod %s/%s: cannot settle a release yet: %r", u.namespace, u.name, exc)
+                return False
+            if obj is None or (obj.get("metadata") or {}).get("uid") != uid:
+                # gone (a pod of the same name is not at the tested version); the release may
+                # have landed first, and a lagging watch may still show it: not someone else's
+                s.went(uid)
+                return True
+            view = parse_pod(obj)
+            if view.resource_version != u.resource_version:
+                if not view.has_gate(rt.gate) and not view.terminal and not view.deleting:
+                    # released, by that patch or another writer: counted until seen
+                    s.expectations.expect(key, [uid], rt.kind)
+                    s.ours.add(uid)
+                    written = resource_version_number(view.resource_version)
+                    if written is not None:
+                        s.written[uid] = max(written, s.written.get(uid, 0))
+                return True
+            # unchanged since the decision: the patch has not landed, and still could;
+            # change the pod, so that it cannot
+            fence = fence_patch(u.resource_version, bool(view.annotations))
+            try:
+                await s.client.json_patch(PODS, u.namespace, u.name, fence)
+            except ApiError as exc:
+                if exc.status == 404:
+                    s.went(uid)  # gone since the read: as above
+                    return True
+                if exc.status in (409, 422):
+                    continue  # it changed under the fence: look again
+                log.warning("pod %s/%s: the fence was refused: %s", u.namespace, u.name, exc)
+                return False  # refused or failed: the release stays in flight
+            except (OSError, TimeoutError) as exc:
+                log.warning("pod %s/%s: the fence failed: %r", u.namespace, u.name, exc)
+                return False
+            s.stats.fences += 1
+            log.info("pod %s/%s: an unanswered release can no longer land", u.namespace, u.name)
+            return True
+        return False
+
+    async def settle_expired(self, key: OwnerKey, rt: KindRuntime, uids: frozenset[str]) -> None:
+        """The watch has not shown our patches in time: ask the API server for the truth.
+
+        A pod that is released keeps counting as in flight (re-armed) until the cache catches up;
+        one that is gone or still gated no longer does.
+        """
+        s = self.s
+        s.expectations.expired_total += len(uids)
+        for uid in uids:
+            pod = rt.pods.by_uid.get(uid)
+            s.expectations.observe(uid)
+            if pod is None:
+                continue
+            fresh = await s.client.get(PODS, pod.namespace, pod.name)
+            if fresh is None or (fresh.get("metadata") or {}).get("uid") != uid:
+                continue
+            try:
+                view = parse_pod(fresh)
+            except MalformedObject:
+                continue
+            if not view.has_gate(rt.gate) and not view.terminal and not view.deleting:
+                s.expectations.expect(key, [uid], rt.kind)
+        log.warning(
+            "%s: %d expectation(s) expired; settled from the API server",
+            s.describe(key),
+            len(uids),
+        )
