@@ -30,7 +30,7 @@ import anyio
 
 from ungater._kube.adapter import ApiClientKube, connect
 from ungater._kube.client import PODS, Resource
-from ungater_devtools.devcluster.peers import queued_job
+from ungater_devtools.kueue_objects import queued_job
 
 __all__ = ["DEMO_GATE", "run_demo"]
 
@@ -285,7 +285,7 @@ def run_demo(state_dir: Path | None = None, fast: bool = False) -> int:
     """Run the scenario; everything it made is gone afterwards, on success or failure alike:
     the controller process, the control plane (its temporary state directory unless
     ``state_dir`` is given) and the directory holding the demo's config and log."""
-    from ungater_devtools.devcluster.cluster import LocalControlPlane
+    from ungater_devtools.devcluster.environment import LocalControlPlane
 
     say("ungater demo: a real kube-apiserver, etcd, Job controller and Kueue on 127.0.0.1.")
     say("Starting them (the first run builds them from Go modules; then about a minute) ...")
