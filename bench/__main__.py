@@ -81,7 +81,7 @@ def _cluster(kubeconfig: Path | None, *, peers: bool) -> Iterator[Path]:
     if kubeconfig is not None:
         yield kubeconfig
         return
-    from ungater_devtools.devcluster.cluster import LocalControlPlane
+    from ungater_devtools.devcluster.environment import LocalControlPlane
 
     what = " with the real Kueue" if peers else ""
     print(f"starting the local control plane{what} ...", file=sys.stderr, flush=True)

@@ -10,7 +10,7 @@ from typing import Any
 from bench.api import BenchApi
 from bench.objects import JOBS
 from ungater._kube.client import ApiError, Resource
-from ungater_devtools.devcluster.peers import (
+from ungater_devtools.kueue_objects import (
     DEFAULT_FLAVOR,
     cluster_queue_object,
     local_queue_object,

@@ -98,8 +98,8 @@ class Scraper(threading.Thread):
 
 
 def record(out: Path, *, say: Callable[[str], None] = print) -> None:
-    from ungater_devtools.devcluster.cluster import LocalControlPlane
-    from ungater_devtools.devcluster.peers import (
+    from ungater_devtools.devcluster.environment import LocalControlPlane
+    from ungater_devtools.kueue_objects import (
         create_default_flavor,
         create_queues,
         queued_job,

@@ -30,7 +30,7 @@ import anyio
 
 from ungater._kube.adapter import ApiClientKube, connect
 from ungater._kube.client import PODS, Resource
-from ungater_devtools.devcluster.peers import queued_job
+from ungater_devtools.kueue_objects import queued_job
 
 __all__ = ["DEMO_GATE", "run_demo"]
 
@@ -111,7 +111,8 @@ class Scenario:
             )
         return "\n".join(rows)
 
-    async def slices(self) -> str:
+    async def workloads(self) -> list[dict[str, Any]]:
+        """The Job's Workload slices, oldest first."""
         items, _ = await self.c.list_objects(WORKLOADS, NS)
         mine = [
             w
@@ -122,8 +123,11 @@ class Scenario:
             )
         ]
         mine.sort(key=lambda w: (w["metadata"]["creationTimestamp"], w["metadata"]["name"]))
+        return mine
+
+    async def slices(self) -> str:
         rows = []
-        for w in mine:
+        for w in await self.workloads():
             count = w["spec"]["podSets"][0]["count"]
             admission = (w.get("status") or {}).get("admission") or {}
             assigned = [a.get("count") for a in admission.get("podSetAssignments") or ()]
@@ -150,6 +154,32 @@ class Scenario:
             say()
             self._last_slices, self._last_table = slices, table
         return len(pods), sum(map(self.released, pods))
+
+    async def snapshot(self, caption: str) -> None:
+        """Print the slices and pods as they are now, under ``caption``."""
+        pods = [p for p in await self.pods() if not p["metadata"].get("deletionTimestamp")]
+        slices, table = await self.slices(), self.table(pods)
+        say(f"   {caption}")
+        say(slices)
+        say(table)
+        say()
+        self._last_slices, self._last_table = slices, table
+
+    async def settle(self, pods: int, slice_count: int, timeout: float = 60) -> None:
+        """Wait, printing nothing, until ``pods`` pods are left, all released, and the
+        admitted slice asks for ``slice_count``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            left = [p for p in await self.pods() if not p["metadata"].get("deletionTimestamp")]
+            admitted = [
+                w["spec"]["podSets"][0]["count"]
+                for w in await self.workloads()
+                if _true(w, "Admitted") and not _true(w, "Finished")
+            ]
+            if len(left) == pods and all(map(self.released, left)) and admitted == [slice_count]:
+                return
+            await anyio.sleep(0.1)
+        raise RuntimeError(f"expected {pods} released pods and a slice for {slice_count} by now")
 
     async def watch_until(self, want_released: int, want_total: int, timeout: float = 60) -> None:
         """Print the slices and pods each time they change, until the expected state."""
@@ -277,15 +307,17 @@ class Scenario:
         say("   highest indexes); Kueue then lowers the active slice's count in place (its")
         say("   admitted count still says 5: the cap is the smaller of the two, and the Job's")
         say("   own size bounds it too).")
+        await self.snapshot("Before the scale-down:")
         await self.c.merge_patch(JOBS, NS, "train", {"spec": {"parallelism": 3, "completions": 3}})
-        await self.watch_until(3, 3)
+        await self.settle(pods=3, slice_count=3)
+        await self.snapshot("After it (2 pods deleted, the slice lowered to 3):")
 
 
 def run_demo(state_dir: Path | None = None, fast: bool = False) -> int:
     """Run the scenario; everything it made is gone afterwards, on success or failure alike:
     the controller process, the control plane (its temporary state directory unless
     ``state_dir`` is given) and the directory holding the demo's config and log."""
-    from ungater_devtools.devcluster.cluster import LocalControlPlane
+    from ungater_devtools.devcluster.environment import LocalControlPlane
 
     say("ungater demo: a real kube-apiserver, etcd, Job controller and Kueue on 127.0.0.1.")
     say("Starting them (the first run builds them from Go modules; then about a minute) ...")

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import pytest
 
 if TYPE_CHECKING:
-    from ungater_devtools.devcluster.cluster import LocalControlPlane
+    from ungater_devtools.devcluster.environment import LocalControlPlane
 
 __all__ = ["control_plane", "kube_namespace", "kueue_cluster", "kueue_namespace"]
 
@@ -121,7 +121,8 @@ def _started_plane(
             ensure_binaries,
             find_binaries,
         )
-        from ungater_devtools.devcluster.cluster import ControlPlaneStartError, LocalControlPlane
+        from ungater_devtools.devcluster.environment import LocalControlPlane
+        from ungater_devtools.devcluster.process import ControlPlaneStartError
     except ImportError as exc:  # e.g. `cryptography` missing from a partial install
         missing = str(exc)
     else:
@@ -185,7 +186,7 @@ def _started_plane(
     if failure is not None:
         pytest.fail(f"local control plane did not start: {failure}", pytrace=False)
     if peers:
-        from ungater_devtools.devcluster.peers import create_default_flavor
+        from ungater_devtools.kueue_objects import create_default_flavor
 
         create_default_flavor(plane)
         if plane.peers is not None:
@@ -263,7 +264,7 @@ def kueue_namespace(
     """A fresh namespace on the Kueue cluster with a LocalQueue ``user-queue`` pointing at a
     ClusterQueue of its own (6 CPUs of ``default-flavor`` unless the test is marked
     ``@pytest.mark.kueue_quota(cpu=N)``); all three are deleted afterwards."""
-    from ungater_devtools.devcluster.peers import create_queues, delete_queues
+    from ungater_devtools.kueue_objects import create_queues, delete_queues
 
     marker = request.node.get_closest_marker("kueue_quota")
     cpu = int(marker.kwargs.get("cpu", 6)) if marker is not None else 6

@@ -17,7 +17,7 @@ import anyio
 import pytest
 
 from ungater_devtools.devcluster import versions
-from ungater_devtools.devcluster.cluster import LocalControlPlane
+from ungater_devtools.devcluster.environment import LocalControlPlane
 
 pytestmark = pytest.mark.integration
 

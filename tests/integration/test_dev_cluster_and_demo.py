@@ -88,9 +88,14 @@ def test_demo_runs_the_narrated_scenario(control_plane: Any, tmp_path: Path) -> 
     assert list(per_slice.values()) == [3, 2], releases  # 3 admitted, then 2 more
     step5 = out.split("== 5.")[1].split("== 6.")[0]
     assert "ADMITTED 5" in step5
-    # the final table: three pods, all released by ungater
-    final = out.split("== 6.")[1].split("What the controller")[0].strip().split("\n\n")[-1]
+    # the scale-down shows the state before and after it, each under its caption
+    step6 = out.split("== 6.")[1].split("What the controller")[0]
+    before, after = step6.split("Before the scale-down:")[1].split("After it (")
+    assert before.count("released        released") == 5, step6
+    # the final table: three pods, all released by ungater, the slice asking for 3
+    final = after.strip().split("\n\n")[0]
     assert final.count("released        released") == 3, final
+    assert "asks for  3   ADMITTED 5" in final, final
     assert "pod set main: cap 3 (spec 3, admitted 5, owner 3), released 3" in out
 
 

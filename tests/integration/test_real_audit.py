@@ -49,7 +49,7 @@ from ungater._cli.audit import audit_cluster
 from ungater._cli.explain import explain
 from ungater._decide.findings import OVER_RELEASE, STALLED, Finding
 from ungater._model.config import Config
-from ungater_devtools.devcluster.peers import set_quota
+from ungater_devtools.kueue_objects import set_quota
 
 # a Kueue that releases past the admitted count (kueue#11977): v0.17.1
 pytestmark = [

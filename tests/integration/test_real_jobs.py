@@ -24,7 +24,7 @@ from tests.integration.realpeers import (
 )
 from tests.objects import JOBS, PODS, WORKLOADS, gates_of
 from tests.polling import eventually
-from ungater_devtools.devcluster.peers import queued_job
+from ungater_devtools.kueue_objects import queued_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

@@ -106,7 +106,7 @@ def test_webhooks_are_served_on_loopback_with_the_cluster_ca(kueue_cluster: Any)
 
 def test_a_peer_lives_and_dies_with_its_control_plane(control_plane: Any) -> None:
     """A plane of its own with one peer: stop() ends every process by pid, the peer first."""
-    from ungater_devtools.devcluster.cluster import LocalControlPlane
+    from ungater_devtools.devcluster.environment import LocalControlPlane
 
     plane = LocalControlPlane(control_plane.binaries, peers=("jobset",))
     try:

@@ -31,7 +31,7 @@ from tests.objects import JOBS, PODS, WORKLOADS, gates_of
 from tests.polling import eventually
 from tests.seen import cache_holds, owner_key, reconciled, waiting
 from ungater._controller.controller import Controller
-from ungater_devtools.devcluster.peers import queued_job
+from ungater_devtools.kueue_objects import queued_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

@@ -6,7 +6,7 @@ controller writes it (the labels and annotations it sets, controller ownerRefere
 so tests exercise ``parse_pod``/``parse_object``/``parse_workload`` and the plugins on the same
 shapes a cluster produces. UIDs and name suffixes are derived from names, so runs repeat.
 
-Sources of the shapes (checked against upstream, see docs/plugins.md): the Kubernetes Job
+Sources of the shapes (checked against upstream, see docs/plugins/builtin-kinds.md): the Kubernetes Job
 controller, JobSet v0.9+ (``labelAndAnnotateObject``), KubeRay v1.6+ with multi-host indexing,
 Kueue's jobframework (pod set label, slice annotation).
 """

@@ -71,6 +71,11 @@ BREAKS = {
         "import ungater_plugins.job",
     ),
     "builtin-plugins-independent": ("ungater_plugins/job.py", "import ungater_plugins.jobset"),
+    # hidden in a function, the way the plane once reached for the peers
+    "plane-knows-no-peers": (
+        "ungater_devtools/devcluster/plane/plane.py",
+        "def _peers() -> None: import ungater_devtools.devcluster.peers.runner",
+    ),
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import types
@@ -87,6 +88,37 @@ def test_run_without_cluster_is_one_clear_line(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0, proc.stderr
     assert proc.stderr.startswith("ungater: error:")
+
+
+@pytest.mark.parametrize("via", ["--kubeconfig", "KUBECONFIG"])
+def test_run_with_a_kubeconfig_that_does_not_exist_says_so(tmp_path: Path, via: str) -> None:
+    """One line naming the missing file, not the library's warning and its complaint about a
+    current-context; the exit code of any other start-up error."""
+    missing = tmp_path / "no-such-kubeconfig"
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    env["HOME"] = str(tmp_path)  # no ~/.kube/config to fall back on
+    argv = [sys.executable, "-m", "ungater", "run"]
+    if via == "--kubeconfig":
+        argv += ["--kubeconfig", str(missing)]
+    else:
+        env["KUBECONFIG"] = str(missing)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr == (
+        "ungater: error: cannot configure a Kubernetes client: "
+        f"kubeconfig {missing} (from {via}) does not exist\n"
+    )
+
+
+def test_a_kubeconfig_list_needs_one_file_that_exists(tmp_path: Path) -> None:
+    from ungater._kube.adapter import _require_kubeconfig
+
+    there = tmp_path / "kc"
+    there.write_text("apiVersion: v1\nkind: Config\n")
+    gone = tmp_path / "gone"
+    _require_kubeconfig(f"{gone}{os.pathsep}{there}", "KUBECONFIG")  # the library merges
+    with pytest.raises(FileNotFoundError, match=f"none of the kubeconfig files {gone}, {gone}2"):
+        _require_kubeconfig(f"{gone}{os.pathsep}{gone}2", "KUBECONFIG")
 
 
 def test_run_accepts_no_leader_election() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ungater_devtools.devcluster import peerbuild, versions
-from ungater_devtools.devcluster.peers import render_webhooks
+from ungater_devtools.devcluster.peers.render import render_webhooks
 
 
 def test_kueue_is_chosen_by_argument_then_environment_then_default(
@@ -217,7 +217,7 @@ def test_rbac_resource_names_of_renamed_webhook_configurations_follow_the_prefix
 ) -> None:
     """Kueue v0.19's manager may update its webhook configurations only by name: the rendered
     role names them with the prefix, as config/default's name reference makes kustomize do."""
-    from ungater_devtools.devcluster.peers import render_rbac
+    from ungater_devtools.devcluster.peers.render import render_rbac
 
     (tmp_path / "kustomization.yaml").write_text("resources: [role.yaml]\n")
     (tmp_path / "role.yaml").write_text(

@@ -11,13 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from ungater_devtools.devcluster import cluster
-from ungater_devtools.devcluster.cluster import (
-    ControlPlaneStartError,
-    LocalControlPlane,
-    free_port,
-    lost_port_race,
-)
+from ungater_devtools.devcluster import ports as port_picks
+from ungater_devtools.devcluster.plane.plane import ControlPlane
+from ungater_devtools.devcluster.ports import free_port, lost_port_race
+from ungater_devtools.devcluster.process import ControlPlaneStartError
 
 #: Listens on the port given as its argument until killed.
 _LISTENER = (
@@ -29,7 +26,7 @@ _LISTENER = (
 
 
 def test_free_ports_lie_below_the_ephemeral_range_and_are_never_handed_out_twice() -> None:
-    low, _ = cluster._ephemeral_range()
+    low, _ = port_picks._ephemeral_range()
     ports = [free_port() for _ in range(50)]
     assert len(set(ports)) == 50
     assert all(10000 <= p < low for p in ports)
@@ -44,8 +41,8 @@ def test_a_port_someone_listens_on_is_never_picked(monkeypatch: pytest.MonkeyPat
         held.listen()
         taken = held.getsockname()[1]
         scripted = _Scripted(itertools.chain([taken, taken], _spare_ports(taken)))
-        monkeypatch.setattr(cluster.random, "SystemRandom", lambda: scripted)
-        monkeypatch.setattr(cluster, "_ephemeral_range", lambda: (65536, 65536))
+        monkeypatch.setattr(port_picks.random, "SystemRandom", lambda: scripted)
+        monkeypatch.setattr(port_picks, "_ephemeral_range", lambda: (65536, 65536))
         picked = free_port()
     assert picked != taken
     assert scripted.drawn[:2] == [taken, taken]
@@ -54,7 +51,7 @@ def test_a_port_someone_listens_on_is_never_picked(monkeypatch: pytest.MonkeyPat
 def test_a_port_handed_out_once_is_not_handed_out_again(monkeypatch: pytest.MonkeyPatch) -> None:
     first = free_port()
     scripted = _Scripted(itertools.chain([first], _spare_ports(first)))
-    monkeypatch.setattr(cluster.random, "SystemRandom", lambda: scripted)
+    monkeypatch.setattr(port_picks.random, "SystemRandom", lambda: scripted)
     again = free_port()
     assert again != first
     assert scripted.drawn[0] == first
@@ -88,8 +85,8 @@ def test_only_the_last_start_in_a_log_counts(tmp_path: Path) -> None:
     assert not lost_port_race(tmp_path / "missing.log")
 
 
-def plane_in(tmp_path: Path) -> LocalControlPlane:
-    plane = LocalControlPlane(state_dir=tmp_path, startup_timeout=20)
+def plane_in(tmp_path: Path) -> ControlPlane:
+    plane = ControlPlane(state_dir=tmp_path, startup_timeout=20)
     plane.logs_dir.mkdir(parents=True, exist_ok=True)
     return plane
 
@@ -154,10 +151,10 @@ def test_a_port_lost_every_time_gives_up_after_the_attempts(tmp_path: Path) -> N
                 plane.retry_port_race("listener", start, lambda: None)
         finally:
             plane.stop()
-    assert len(starts) == cluster.PORT_ATTEMPTS
+    assert len(starts) == port_picks.PORT_ATTEMPTS
 
 
-def _said_listening(plane: LocalControlPlane) -> bool:
+def _said_listening(plane: ControlPlane) -> bool:
     log = plane.processes["listener"].log_path.read_text()
     return "listening" in log.rsplit("\n==== ", 1)[-1].splitlines()[1:]
 

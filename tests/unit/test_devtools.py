@@ -41,10 +41,10 @@ class FakePlane:
 
 @pytest.fixture
 def fake_plane(monkeypatch: pytest.MonkeyPatch) -> type[FakePlane]:
-    from ungater_devtools.devcluster import cluster
+    from ungater_devtools.devcluster import environment
 
     FakePlane.made = []
-    monkeypatch.setattr(cluster, "LocalControlPlane", FakePlane)
+    monkeypatch.setattr(environment, "LocalControlPlane", FakePlane)
     return FakePlane
 
 

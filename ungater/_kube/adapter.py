@@ -239,6 +239,8 @@ async def connect(
 
     cfg = client.Configuration()
     path = kubeconfig or os.environ.get("KUBECONFIG") or None
+    if path is not None:
+        _require_kubeconfig(str(path), "--kubeconfig" if kubeconfig else "KUBECONFIG")
     default = Path.home() / ".kube" / "config"
     if path is None and default.exists():
         path = default
@@ -259,6 +261,18 @@ async def connect(
     api = client.ApiClient(configuration=cfg)
     _tune_session(api.rest_client)
     return ApiClientKube(api, RateLimiter(qps, burst), request_timeout)
+
+
+def _require_kubeconfig(path: str, source: str) -> None:
+    """Refuse a kubeconfig that is not there, naming it: the library would only log a warning
+    and then complain that the (empty) config lacks a current-context. A list joined by
+    ``os.pathsep`` is merged by the library, skipping missing files; one must exist."""
+    files = [f for f in path.split(os.pathsep) if f]
+    if not any(Path(f).expanduser().is_file() for f in files):
+        if len(files) == 1:
+            raise FileNotFoundError(f"kubeconfig {files[0]} (from {source}) does not exist")
+        named = ", ".join(files) or repr(path)
+        raise FileNotFoundError(f"none of the kubeconfig files {named} (from {source}) exists")
 
 
 #: Idle pooled connections are kept this long (aiohttp's default is 15 s). The API server closes

@@ -1,9 +1,11 @@
 """A real local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager) for tests.
 
 The binaries are built from the upstream Go modules into a cache outside the repository
-(:mod:`.build`), started on loopback with generated certificates (:mod:`.cluster`), run
-detached for manual work (:mod:`.detached`), and offered to pytest suites as fixtures
-(:mod:`.pytest_plugin`).  Names are imported lazily so that importing the package (which the
+(:mod:`.build`), started on loopback with generated certificates (the bare plane in
+:mod:`.plane`, one module per component, over :mod:`.process`, :mod:`.ports` and :mod:`.pki`),
+made the cluster tests use by :mod:`.environment` (the plane, then the CRDs of :mod:`.crds`
+and the real peers of :mod:`.peers`), run detached for manual work (:mod:`.detached`), and
+offered to pytest suites as fixtures (:mod:`ungater_devtools.pytest_plugin`).  Names are imported lazily so that importing the package (which the
 pytest plugin does in every run) stays cheap.
 """
 
@@ -19,7 +21,8 @@ if TYPE_CHECKING:
         ensure_binaries,
         ensure_crds,
     )
-    from ungater_devtools.devcluster.cluster import ControlPlaneStartError, LocalControlPlane
+    from ungater_devtools.devcluster.environment import LocalControlPlane
+    from ungater_devtools.devcluster.process import ControlPlaneStartError
 
 __all__ = [
     "Binaries",
@@ -35,8 +38,8 @@ _LAZY = {
     "ControlPlaneUnavailable": "ungater_devtools.devcluster.build",
     "ensure_binaries": "ungater_devtools.devcluster.build",
     "ensure_crds": "ungater_devtools.devcluster.build",
-    "ControlPlaneStartError": "ungater_devtools.devcluster.cluster",
-    "LocalControlPlane": "ungater_devtools.devcluster.cluster",
+    "ControlPlaneStartError": "ungater_devtools.devcluster.process",
+    "LocalControlPlane": "ungater_devtools.devcluster.environment",
 }
 
 

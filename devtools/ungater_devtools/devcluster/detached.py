@@ -112,7 +112,8 @@ def dev_cluster_up(
     the way to stop it: the same command line the user started it with.
     """
     from ungater_devtools.devcluster.build import ControlPlaneUnavailable
-    from ungater_devtools.devcluster.cluster import ControlPlaneStartError, LocalControlPlane
+    from ungater_devtools.devcluster.environment import LocalControlPlane
+    from ungater_devtools.devcluster.process import ControlPlaneStartError
 
     directory = state_dir or default_state_dir()
     status = dev_cluster_status(directory)
@@ -142,7 +143,7 @@ def dev_cluster_up(
     try:
         plane.start()
         if peers:
-            from ungater_devtools.devcluster.peers import create_default_flavor
+            from ungater_devtools.kueue_objects import create_default_flavor
 
             create_default_flavor(plane)
     except (ControlPlaneUnavailable, ControlPlaneStartError, ValueError) as exc:
@@ -172,7 +173,7 @@ def dev_cluster_up(
 
 def dev_cluster_down(state_dir: Path | None = None, *, quiet: bool = False) -> int:
     """Stop the processes recorded in ``pids.json`` (newest first); returns an exit code."""
-    from ungater_devtools.devcluster.cluster import terminate_pid
+    from ungater_devtools.devcluster.process import terminate_pid
 
     directory = state_dir or default_state_dir()
     record = _read_record(directory)
