@@ -4,8 +4,6 @@ that dates and reports findings, and audit mode in the controller on the in-memo
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -16,8 +14,7 @@ from tests.fakekube import FakeKube
 from tests.objects import JOBS, PODS, WORKLOADS, job_pod, workload
 from tests.polling import eventually, holds_for
 from tests.unit.builders import GATE, condition, facts, wl_view
-from tests.unit.harness import observed_controller
-from ungater._controller.controller import Controller
+from tests.unit.harness import running
 from ungater._decide.decision import Ownership, PodFacts
 from ungater._decide.finding_tracker import FindingTracker
 from ungater._decide.findings import (
@@ -198,8 +195,7 @@ def anyio_backend() -> str:
 NS = "team-a"
 
 
-@asynccontextmanager
-async def auditing(fake: FakeKube, **overrides: Any) -> AsyncIterator[Controller]:
+def audit_config(**overrides: Any) -> Config:
     raw: dict[str, Any] = {
         "mode": "audit",
         "kinds": [{"group": "batch", "kind": "Job"}],
@@ -207,8 +203,7 @@ async def auditing(fake: FakeKube, **overrides: Any) -> AsyncIterator[Controller
         "watch": {"backoffInitialSeconds": 0.01, "backoffMaxSeconds": 0.05},
     }
     raw.update(overrides)
-    async with observed_controller(fake, Config.model_validate(raw)) as ctl:
-        yield ctl
+    return Config.model_validate(raw)
 
 
 def setup_job(fake: FakeKube, n: int, released_ix: set[int]) -> dict[str, Any]:
@@ -229,7 +224,7 @@ async def test_audit_mode_reports_an_over_release_and_never_patches() -> None:
     fake = FakeKube()
     owner = setup_job(fake, 4, released_ix={0, 1, 2})
     fake.put(WORKLOADS, workload(owner, "train-a", count=4, admitted=2))
-    async with auditing(fake) as ctl:
+    async with running(fake, audit_config(), observed=True) as ctl:
         await eventually(lambda: ctl.auditor.reported >= 1, what="a reported finding")
         (f,) = ctl.auditor.tracker.findings()
         assert (
@@ -263,7 +258,7 @@ async def test_audit_mode_reports_a_stall_without_any_event() -> None:
     fake = FakeKube()
     owner = setup_job(fake, 3, released_ix={0})
     fake.put(WORKLOADS, workload(owner, "train-a", count=3, admitted=2))
-    async with auditing(fake) as ctl:
+    async with running(fake, audit_config(), observed=True) as ctl:
         await eventually(
             lambda: any(f.finding == STALLED for f in ctl.auditor.tracker.findings()),
             timeout=5,
@@ -325,7 +320,7 @@ async def test_an_open_stall_is_not_polled_in_a_loop() -> None:
     fake = FakeKube()
     owner = setup_job(fake, 2, released_ix=set())
     fake.put(WORKLOADS, workload(owner, "train-a", count=2, admitted=1))
-    async with auditing(fake) as ctl:
+    async with running(fake, audit_config(), observed=True) as ctl:
         await eventually(lambda: any(f.finding == STALLED for f in ctl.auditor.tracker.findings()))
         before = ctl.stats.reconciles
         await anyio.sleep(0.5)

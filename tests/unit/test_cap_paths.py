@@ -15,8 +15,7 @@ no moment, not only the end, may show more live released pods than the cap.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,12 +27,11 @@ from tests.fakekube import FakeKube
 from tests.lagging import Lagging
 from tests.objects import JOBS, WORKLOADS
 from tests.polling import eventually, holds_for
+from tests.unit.harness import running
 from tests.unit.podfactory import GATE, NAMESPACE, job, job_pod, workload
-from ungater._controller.controller import Controller
 from ungater._decide.indexes import OwnerKey
 from ungater._kube.client import PODS, ApiError
 from ungater._model.config import Config
-from ungater._plugins.registry import PluginRegistry
 from ungater.plugin_api import hookimpl
 
 
@@ -52,22 +50,6 @@ def config(**extra: Any) -> Config:
             **extra,
         }
     )
-
-
-@asynccontextmanager
-async def running(
-    client: Any, cfg: Config, registry: PluginRegistry | None = None, elector: Any = None
-) -> AsyncIterator[Controller]:
-    ctl = Controller(cfg, client, registry or PluginRegistry.from_modules({"job": job_plugin}))
-    stop = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(ctl.run, stop, elector)
-        with anyio.fail_after(5):
-            await ctl.ready.wait()
-        try:
-            yield ctl
-        finally:
-            stop.set()
 
 
 def _live_released(pod: Mapping[str, Any]) -> bool:
@@ -323,8 +305,7 @@ async def test_an_owner_whose_size_cannot_be_read_releases_nothing() -> None:
     j = fake.put(JOBS, job("train", parallelism=1, completions=1))
     for i in range(2):
         fake.put(PODS, job_pod(j, index=i, created=1 + i))
-    registry = PluginRegistry.from_modules({"job": _Merged()})
-    async with running(fake, config(), registry=registry) as ctl:
+    async with running(fake, config(), plugins={"job": _Merged()}) as ctl:
         # a slice still admitting 2 while the Job wants 1 (a scale-down Kueue has not seen)
         fake.put(WORKLOADS, workload(j, {"main": 2}, admitted={"main": 2}))
         key = OwnerKey(NAMESPACE, j["metadata"]["uid"])

@@ -3,11 +3,8 @@ patching and fault handling, with the real Job plugin."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
-import anyio
 import pytest
 import ungater_plugins.job as job_plugin
 
@@ -24,6 +21,7 @@ from tests.objects import (
     workload,
 )
 from tests.polling import eventually, holds_for
+from tests.unit.harness import running
 from ungater._controller.controller import Controller
 from ungater._model.config import Config
 from ungater._model.errors import StartupError
@@ -46,21 +44,6 @@ def make_config(**overrides: Any) -> Config:
     }
     raw.update(overrides)
     return Config.model_validate(raw)
-
-
-@asynccontextmanager
-async def running(fake: FakeKube, config: Config | None = None) -> AsyncIterator[Controller]:
-    registry = PluginRegistry.from_modules({"job": job_plugin})
-    ctl = Controller(config or make_config(), fake, registry)
-    stop = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(ctl.run, stop)
-        with anyio.fail_after(5):
-            await ctl.ready.wait()
-        try:
-            yield ctl
-        finally:
-            stop.set()
 
 
 def pods(fake: FakeKube) -> list[dict[str, Any]]:
@@ -98,7 +81,7 @@ async def test_releases_exactly_the_admitted_count_in_index_order() -> None:
     fake = FakeKube()
     owner = setup_job(fake, 4)
     fake.put(WORKLOADS, workload(owner, "train-a", count=4, admitted=2))
-    async with running(fake):
+    async with running(fake, make_config()):
         await eventually(lambda: released_indexes(fake) == [0, 1], what="indexes 0 and 1")
         await holds_for(lambda: released_indexes(fake) == [0, 1], 0.3)
     assert len(fake.patches) == 2
@@ -113,7 +96,7 @@ async def test_not_admitted_or_finished_or_evicted_releases_nothing() -> None:
     fake.put(WORKLOADS, workload(a, "pending-a", count=2))
     fake.put(WORKLOADS, workload(b, "done-a", count=2, admitted=2, finished=True))
     fake.put(WORKLOADS, workload(c, "evicted-a", count=2, admitted=2, evicted=True))
-    async with running(fake) as ctl:
+    async with running(fake, make_config()) as ctl:
         await eventually(lambda: ctl.stats.reconciles >= 3)
         await holds_for(lambda: not fake.patches, 0.3)
 
@@ -123,7 +106,7 @@ async def test_scale_up_through_a_replacement_slice() -> None:
     fake = FakeKube()
     owner = setup_job(fake, 4)
     fake.put(WORKLOADS, workload(owner, "train-a", count=4, admitted=4))
-    async with running(fake):
+    async with running(fake, make_config()):
         await eventually(lambda: released_indexes(fake) == [0, 1, 2, 3])
         fake.put(JOBS, {**owner, "spec": {"parallelism": 6, "completionMode": "Indexed"}})
         for i in (4, 5):
@@ -147,7 +130,7 @@ async def test_finished_pod_frees_its_slot_from_pod_events_alone() -> None:
     fake = FakeKube()
     owner = setup_job(fake, 3)
     fake.put(WORKLOADS, workload(owner, "train-a", count=3, admitted=2))
-    async with running(fake):
+    async with running(fake, make_config()):
         await eventually(lambda: released_indexes(fake) == [0, 1])
         first = fake.read(PODS, NS, job_pod(owner, 0)["metadata"]["name"])
         assert first is not None
@@ -161,7 +144,7 @@ async def test_in_place_scale_down_caps_at_the_spec_count() -> None:
     fake = FakeKube()
     owner = setup_job(fake, 4)
     fake.put(WORKLOADS, workload(owner, "train-a", count=2, admitted=4))  # spec lowered in place
-    async with running(fake):
+    async with running(fake, make_config()):
         await eventually(lambda: released_indexes(fake) == [0, 1])
         await holds_for(lambda: released_indexes(fake) == [0, 1], 0.2)
 
@@ -175,7 +158,7 @@ async def test_foreign_pod_with_copied_labels_is_never_released() -> None:
     intruder["metadata"]["ownerReferences"] = []
     fake.put(PODS, intruder)
     fake.put(WORKLOADS, workload(owner, "train-a", count=3, admitted=3))
-    async with running(fake):
+    async with running(fake, make_config()):
         await eventually(lambda: released_indexes(fake) == [0])
         await holds_for(lambda: GATE in gates_of(fake.read(PODS, NS, "intruder") or {}), 0.2)
 
@@ -192,7 +175,7 @@ async def test_only_our_gate_is_removed() -> None:
     fake.put(JOBS, owner)  # an owner whose size is not known releases nothing
     fake.put(PODS, job_pod(owner, 0, gates=["example.com/other", GATE, "example.com/third"]))
     fake.put(WORKLOADS, workload(owner, "t-a", count=1, admitted=1))
-    async with running(fake):
+    async with running(fake, make_config()):
         await eventually(lambda: GATE not in gates_of(pods(fake)[0]))
         assert gates_of(pods(fake)[0]) == ["example.com/other", "example.com/third"]
 
@@ -249,7 +232,7 @@ async def test_watch_cuts_resume_and_compaction_relists() -> None:
     the relist both adds what changed and removes what vanished while no event came."""
     fake = FakeKube(seed=3, max_delay=0.02, strict=True)
     owner = setup_job(fake, 4)
-    async with running(fake) as ctl:
+    async with running(fake, make_config()) as ctl:
         lists = sum(r.stats.lists for r in ctl.reflectors)
         fake.cut_watches()
         fake.put(WORKLOADS, workload(owner, "train-a", count=4, admitted=2))
@@ -286,7 +269,7 @@ async def test_conflicting_writer_is_handled_without_double_counting() -> None:
 
     fake.before_patch = sneak
     fake.put(WORKLOADS, workload(owner, "train-a", count=3, admitted=2))
-    async with running(fake) as ctl:
+    async with running(fake, make_config()) as ctl:
         await eventually(lambda: live_released(fake) == 2)
         await holds_for(lambda: live_released(fake) == 2, 0.3)
         assert ctl.stats.patch_conflicts >= 1
@@ -304,7 +287,7 @@ async def test_deleted_during_patch_counts_nothing() -> None:
 
     fake.before_patch = vanish
     fake.put(WORKLOADS, workload(owner, "train-a", count=3, admitted=2))
-    async with running(fake) as ctl:
+    async with running(fake, make_config()) as ctl:
         await eventually(lambda: live_released(fake) == 2)
         assert ctl.stats.patch_gone == 1
         await holds_for(lambda: live_released(fake) == 2, 0.2)
@@ -322,7 +305,7 @@ async def test_malformed_workload_is_skipped_and_others_work() -> None:
     nostatus["spec"]["podSets"][0].pop("count")
     fake.put(WORKLOADS, nostatus)
     fake.put(WORKLOADS, workload(good, "good-a", count=2, admitted=2))
-    async with running(fake) as ctl:
+    async with running(fake, make_config()) as ctl:
         await eventually(lambda: len(fake.patches) == 2)
         await holds_for(lambda: len(fake.patches) == 2, 0.2)
         assert {n for _, n, _ in fake.patches} == {

@@ -9,8 +9,6 @@ checked to fail with its path broken (see docs/testing.md).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +20,7 @@ import ungater_plugins.jobset as jobset_plugin
 from tests.fakekube import FakeKube
 from tests.objects import JOBS, WORKLOADS
 from tests.polling import eventually, holds_for
+from tests.unit.harness import running
 from tests.unit.podfactory import (
     GATE,
     NAMESPACE,
@@ -37,7 +36,7 @@ from ungater._kube.client import PODS, ApiError, Resource
 from ungater._kube.leader import LeaderTerm
 from ungater._model.config import Config
 from ungater._observe.events import FOREIGN_RELEASE, NORMAL, PLUGIN_ERROR, RELEASED, WARNING
-from ungater._plugins.registry import PluginError, PluginRegistry
+from ungater._plugins.registry import PluginError
 
 JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
 JOB_KIND = ("batch", "Job")
@@ -103,21 +102,7 @@ class Elector:
         await fn(LeaderTerm(1, 0.0, anyio.Event()))
 
 
-@asynccontextmanager
-async def running(
-    client: Any, cfg: Config, events: Recorder | None = None, elector: Elector | None = None
-) -> AsyncIterator[Controller]:
-    registry = PluginRegistry.from_modules({"job": job_plugin, "jobset": jobset_plugin})
-    ctl = Controller(cfg, client, registry, events=events)  # type: ignore[arg-type]
-    stop = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(ctl.run, stop, elector)
-        with anyio.fail_after(5):
-            await ctl.ready.wait()
-        try:
-            yield ctl
-        finally:
-            stop.set()
+PLUGINS = {"job": job_plugin, "jobset": jobset_plugin}
 
 
 def gated(pod: dict[str, Any]) -> bool:
@@ -165,7 +150,7 @@ async def test_a_silent_watch_is_restarted_and_catches_up() -> None:
     fake = honest(bookmark_interval=0.1)
     j = indexed_job(fake, 2, pods=1)
     fake.put(WORKLOADS, workload(j, {"main": 2}, admitted={"main": 2}))
-    async with running(fake, config(silence=0.5)) as ctl:
+    async with running(fake, config(silence=0.5), plugins=PLUGINS) as ctl:
         await eventually(lambda: released(fake) == [0])
         await anyio.sleep(0.8)
         assert pod_reflector(ctl).stats.silent_restarts == 0, "bookmarks are not silence"
@@ -200,7 +185,7 @@ async def test_a_patch_with_an_unknown_outcome_keeps_its_expectation(failure: st
         raise TimeoutError("the answer never came")
 
     fake.before_patch = land_then_fail
-    async with running(fake, config()) as ctl:
+    async with running(fake, config(), plugins=PLUGINS) as ctl:
         await eventually(lambda: answered, what="the first patch")
         await holds_for(lambda: released(fake) == [0], 1.0, what="cap 1 while in flight")
         assert ctl.stats.patch_errors == 1
@@ -218,7 +203,7 @@ async def test_a_replica_that_lost_the_lease_patches_nothing() -> None:
     j = indexed_job(fake, 2)
     elector = Elector()
     elector.is_leader = False
-    async with running(fake, config(), elector=elector) as ctl:
+    async with running(fake, config(), elector=elector, plugins=PLUGINS) as ctl:
         fake.put(WORKLOADS, workload(j, {"main": 2}, admitted={"main": 2}))
         await eventually(lambda: ctl.stats.reconciles >= 1)
         await holds_for(lambda: not fake.patches, 0.4, what="no write without the lease")
@@ -246,7 +231,7 @@ async def test_a_pod_that_ends_clears_its_expectation_at_once(end: str) -> None:
             raise TimeoutError("no answer")
 
     fake.before_patch = time_out
-    async with running(fake, config(timeout=30.0)) as ctl:
+    async with running(fake, config(timeout=30.0), plugins=PLUGINS) as ctl:
         await eventually(lambda: ctl.stats.patch_errors == 1)
         await eventually(lambda: len(tries) >= 2, what="a fence tried")
         await holds_for(lambda: released(fake) == [], 0.3, what="pod 0 in flight: nothing more")
@@ -276,7 +261,7 @@ async def test_a_plugin_error_stalls_only_its_owner() -> None:
     bad = indexed_job(fake, 2, name="bad")
     events = Recorder()
     registry_calls: list[str] = []
-    async with running(fake, config(), events=events) as ctl:
+    async with running(fake, config(), events=events, plugins=PLUGINS) as ctl:
         (rt,) = ctl.kinds.values()
         real_selector = rt.handler.pod_selector
 
@@ -327,7 +312,7 @@ async def test_jobset_pods_are_released_only_through_their_cached_child_job() ->
     )
     fake.put(JOBS, stranger)
     fake.put(PODS, impostor)
-    async with running(fake, config(JOBSET_KIND)) as ctl:
+    async with running(fake, config(JOBSET_KIND), plugins=PLUGINS) as ctl:
         fake.put(WORKLOADS, workload(js, {"workers": 5}, admitted={"workers": 5}))
         await eventually(lambda: len(fake.patches) == 3, what="the three child-Job pods")
         await holds_for(lambda: len(fake.patches) == 3, 0.4, what="never the impostor")
@@ -344,7 +329,7 @@ async def test_released_and_foreign_release_events_are_emitted() -> None:
     fake = honest()
     j = indexed_job(fake, 3)
     events = Recorder()
-    async with running(fake, config(), events=events):
+    async with running(fake, config(), events=events, plugins=PLUGINS):
         wl = fake.put(WORKLOADS, workload(j, {"main": 3}, admitted={"main": 2}))
         await eventually(lambda: released(fake) == [0, 1])
         rel = [e for e in events.events if e.reason == RELEASED]

@@ -5,16 +5,14 @@ from __future__ import annotations
 import logging
 import types
 
-import anyio
 import pytest
 import ungater_plugins.job as job_plugin
 
 from tests.fakekube import FakeKube
 from tests.objects import WORKLOADS, workload
 from tests.polling import eventually
+from tests.unit.harness import running
 from tests.unit.test_controller import make_config, setup_job
-from ungater._controller.controller import Controller
-from ungater._plugins.registry import PluginRegistry
 from ungater.plugin_api import hookimpl
 
 
@@ -35,12 +33,8 @@ async def test_a_plugin_error_names_the_owner_by_kind_and_name(
     fake = FakeKube()
     owner = setup_job(fake, 2)
     fake.put(WORKLOADS, workload(owner, "train-a", count=2, admitted=2))
-    ctl = Controller(make_config(), fake, PluginRegistry.from_modules({"job": broken}))
-    stop = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(ctl.run, stop)
+    async with running(fake, make_config(), plugins={"job": broken}) as ctl:
         await eventually(lambda: ctl.stats.plugin_errors >= 1, what="the plugin error")
-        stop.set()
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert any(m.startswith("Job.batch team-a/train: skipped: plugin job") for m in lines), lines
     assert not any(owner["metadata"]["uid"] in m for m in lines), lines

@@ -26,14 +26,12 @@ from tests.conftest import BugLog, bugs_in
 from tests.fakekube import FakeKube
 from tests.objects import JOBS, WORKLOADS
 from tests.polling import eventually
-from tests.unit.harness import observed_controller
+from tests.unit.harness import running
 from tests.unit.podfactory import job, job_pod, workload
-from ungater._controller.controller import Controller
 from ungater._kube.client import PODS, ApiError
 from ungater._kube.reflector import Reflector
 from ungater._model.config import Config
 from ungater._model.views import MalformedObject
-from ungater._plugins.registry import PluginRegistry
 from ungater.plugin_api import hookimpl
 
 CONFTEST = Path(__file__).parents[1] / "conftest.py"
@@ -77,7 +75,7 @@ async def patch_bug_in_task_group(error: BaseException) -> None:
     fake = PatchRaises()
     fake.error = error
     admitted_job(fake)
-    async with observed_controller(fake, config()) as ctl:
+    async with running(fake, config(), observed=True) as ctl:
         await eventually(lambda: ctl.stats.reconcile_errors >= 1, what="a failed reconcile")
 
 
@@ -85,7 +83,7 @@ async def reconcile_raises(error: BaseException) -> None:
     """The worker's own catch: the reconcile itself raises (not inside a task group)."""
     fake = FakeKube()
     admitted_job(fake)
-    async with observed_controller(fake, config()) as ctl:
+    async with running(fake, config(), observed=True) as ctl:
 
         async def reconcile(key: Any) -> None:
             raise error
@@ -155,14 +153,8 @@ async def plugin_bug(error: BaseException) -> None:
     SelectorRaises.error = error
     fake = FakeKube()
     admitted_job(fake)
-    ctl = Controller(config(), fake, PluginRegistry.from_modules({"job": SelectorRaises}))
-    stop = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(ctl.run, stop)
-        with anyio.fail_after(5):
-            await ctl.ready.wait()
+    async with running(fake, config(), plugins={"job": SelectorRaises}) as ctl:
         await eventually(lambda: ctl.stats.plugin_errors >= 1, what="a plugin error")
-        stop.set()
 
 
 SCENARIOS: dict[str, Callable[[BaseException], Awaitable[None]]] = {

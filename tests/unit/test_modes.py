@@ -13,7 +13,7 @@ import pytest
 from tests.fakekube import FakeKube
 from tests.objects import JOBS, PODS, WORKLOADS, job_pod, ungated, workload
 from tests.polling import eventually, holds_for
-from tests.unit.harness import observed_controller
+from tests.unit.harness import running
 from ungater._controller.modes import effective_mode
 from ungater._kube.gateguard import BINDINGS, GUARDS_GATE_ANNOTATION, POLICIES
 from ungater._kube.kueue import SELF_RELEASED_GATES
@@ -121,7 +121,7 @@ async def test_auto_releases_kueues_gate_behind_the_policy() -> None:
     guard_gate(fake)
     a = job(fake, "a", 3)
     fake.put(WORKLOADS, workload(a, "a-1", count=3, admitted=2))
-    async with observed_controller(fake, make_config()) as ctl:
+    async with running(fake, make_config(), observed=True) as ctl:
         await eventually(lambda: len(ungated(fake.items(PODS, NS))) == 2, what="2 released")
         (rt,) = ctl.kinds.values()
         assert (rt.configured, rt.mode) == ("auto", "release")
@@ -141,7 +141,7 @@ async def test_auto_audits_kueues_gate_without_the_policy_and_says_how_to_releas
     fake = FakeKube()
     a = job(fake, "a", 3)
     fake.put(WORKLOADS, workload(a, "a-1", count=3, admitted=2))
-    async with observed_controller(fake, make_config()) as ctl:
+    async with running(fake, make_config(), observed=True) as ctl:
         (rt,) = ctl.kinds.values()
         await eventually(lambda: a["metadata"]["uid"] in {k.uid for k in ctl.decisions})
         await holds_for(lambda: not fake.patches, 0.5, what="no patch over 2 checks")
@@ -165,7 +165,7 @@ async def test_auto_follows_the_policy_as_it_goes_and_comes_back(
     guard_gate(fake)
     a = job(fake, "a", 4)
     fake.put(WORKLOADS, workload(a, "a-1", count=4, admitted=1))
-    async with observed_controller(fake, make_config()) as ctl:
+    async with running(fake, make_config(), observed=True) as ctl:
         (rt,) = ctl.kinds.values()
         await eventually(lambda: len(ungated(fake.items(PODS, NS))) == 1, what="1 released")
         unguard(fake)
@@ -194,7 +194,7 @@ async def test_explicit_release_on_an_unguarded_kueue_gate_warns_and_releases(
     fake = FakeKube()
     a = job(fake, "a", 2)
     fake.put(WORKLOADS, workload(a, "a-1", count=2, admitted=2))
-    async with observed_controller(fake, make_config(mode="release")) as ctl:
+    async with running(fake, make_config(mode="release"), observed=True) as ctl:
         await eventually(lambda: len(ungated(fake.items(PODS, NS))) == 2, what="released")
         (rt,) = ctl.kinds.values()
         assert rt.mode == "release"
@@ -212,7 +212,7 @@ async def test_explicit_release_behind_the_policy_does_not_warn(
     guard_gate(fake)
     a = job(fake, "a", 1)
     fake.put(WORKLOADS, workload(a, "a-1", count=1, admitted=1))
-    async with observed_controller(fake, make_config(mode="release")):
+    async with running(fake, make_config(mode="release"), observed=True):
         await eventually(lambda: len(ungated(fake.items(PODS, NS))) == 1, what="released")
     assert not [m for m in messages(caplog, logging.WARNING) if "explicitly" in m]
 
@@ -226,7 +226,7 @@ async def test_auto_with_guard_checks_off_audits_kueues_gate_even_behind_a_polic
     guard_gate(fake)  # there, but never looked for
     a = job(fake, "a", 2)
     fake.put(WORKLOADS, workload(a, "a-1", count=2, admitted=2))
-    async with observed_controller(fake, make_config(policyCheckIntervalSeconds=0)) as ctl:
+    async with running(fake, make_config(policyCheckIntervalSeconds=0), observed=True) as ctl:
         await eventually(lambda: a["metadata"]["uid"] in {k.uid for k in ctl.decisions})
         await holds_for(lambda: not fake.patches, 0.3, what="no patch")
         (rt,) = ctl.kinds.values()
@@ -241,7 +241,7 @@ async def test_auto_releases_a_gate_of_its_own_without_any_policy() -> None:
     a = job(fake, "a", 2, gate=OWN_GATE)
     fake.put(WORKLOADS, workload(a, "a-1", count=2, admitted=2))
     config = make_config(gate=OWN_GATE, policyCheckIntervalSeconds=0)
-    async with observed_controller(fake, config) as ctl:
+    async with running(fake, config, observed=True) as ctl:
         await eventually(lambda: len(ungated(fake.items(PODS, NS))) == 2, what="released")
         assert ctl.status_lines()[0].startswith("Job.batch: release")
 
@@ -254,7 +254,7 @@ async def test_a_switch_to_audit_sends_no_patch_not_yet_sent() -> None:
     guard_gate(fake)
     a = job(fake, "a", 3)
     config = make_config(client={"patchConcurrency": 1}, policyCheckIntervalSeconds=3600)
-    async with observed_controller(fake, config) as ctl:
+    async with running(fake, config, observed=True) as ctl:
         (rt,) = ctl.kinds.values()
         assert rt.mode == "release"
 
@@ -278,7 +278,7 @@ async def test_a_kind_that_stood_down_under_auto_stays_in_audit_behind_the_polic
     b = job(fake, "b", 3)
     fake.put(WORKLOADS, workload(b, "b-1", count=3))  # pending: nothing of ours to release
     config = make_config(standDown={"foreignReleases": 2, "windowSeconds": 60})
-    async with observed_controller(fake, config) as ctl:
+    async with running(fake, config, observed=True) as ctl:
         (rt,) = ctl.kinds.values()
         assert rt.mode == "release"
         for name in ("b-0-x000", "b-1-x001"):

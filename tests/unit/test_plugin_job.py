@@ -16,7 +16,6 @@ from tests.unit.podfactory import (
     job,
     job_pod,
     names,
-    ref,
     release,
     reown,
     strip_owner,
@@ -26,6 +25,7 @@ from ungater._decide.decision import Ownership, decide
 from ungater._model.views import Kind, ObjectRef, WorkloadView, parse_pod, parse_workload
 from ungater._plugins.registry import KindHandler, PluginRegistry
 from ungater.plugin_api import KindSpec, ResourceSpec
+from ungater.testing import ref_of
 
 JOB = Kind("batch", "Job")
 
@@ -53,7 +53,7 @@ def test_kinds_declares_job_by_controller_uid_label() -> None:
 
 def test_selector_is_the_job_uid_and_matches_the_pods_it_creates() -> None:
     j = job("train")
-    selector = handler().pod_selector(ref(j))
+    selector = handler().pod_selector(ref_of(j))
     assert selector == {"batch.kubernetes.io/controller-uid": j["metadata"]["uid"]}
     pod = parse_pod(job_pod(j, index=0))
     assert all(pod.labels.get(k) == v for k, v in selector.items())
@@ -66,7 +66,7 @@ def test_owns_a_pod_whose_controller_is_the_job() -> None:
     j = job("train")
     pod = parse_pod(job_pod(j, index=0))
     assert pod.controller is not None
-    assert job_plugin.ungater_owns_pod(ref(j), [pod.controller]) is True
+    assert job_plugin.ungater_owns_pod(ref_of(j), [pod.controller]) is True
     [f] = facts(handler(), j, [job_pod(j, index=0)])
     assert f.ownership is Ownership.PROVEN
 
@@ -75,7 +75,7 @@ def test_foreign_pod_with_copied_labels_is_not_owned() -> None:
     j = job("train")
     impostor = strip_owner(job_pod(j, index=0))
     assert parse_pod(impostor).labels["batch.kubernetes.io/controller-uid"] == j["metadata"]["uid"]
-    assert job_plugin.ungater_owns_pod(ref(j), []) is False
+    assert job_plugin.ungater_owns_pod(ref_of(j), []) is False
     [f] = facts(handler(), j, [impostor])
     assert f.ownership is Ownership.FOREIGN
 
@@ -83,7 +83,7 @@ def test_foreign_pod_with_copied_labels_is_not_owned() -> None:
 def test_pod_owned_by_another_job_is_not_owned() -> None:
     j, other = job("train"), job("other")
     pod = reown(job_pod(j, index=0), other)
-    assert job_plugin.ungater_owns_pod(ref(j), [ref(other)]) is False
+    assert job_plugin.ungater_owns_pod(ref_of(j), [ref_of(other)]) is False
     [f] = facts(handler(), j, [pod])
     assert f.ownership is Ownership.FOREIGN
 
@@ -93,8 +93,8 @@ def test_chain_of_wrong_shape_is_refused() -> None:
     same_uid_other_kind = ObjectRef(
         "jobset.x-k8s.io/v1alpha2", "JobSet", "train", j["metadata"]["uid"]
     )
-    assert job_plugin.ungater_owns_pod(ref(j), [same_uid_other_kind]) is False
-    assert job_plugin.ungater_owns_pod(ref(j), [ref(job("mid")), ref(j)]) is False
+    assert job_plugin.ungater_owns_pod(ref_of(j), [same_uid_other_kind]) is False
+    assert job_plugin.ungater_owns_pod(ref_of(j), [ref_of(job("mid")), ref_of(j)]) is False
 
 
 # -- ungater_pod_set -------------------------------------------------------------------------
@@ -105,9 +105,9 @@ def test_pod_set_prefers_kueue_label_and_falls_back_to_main() -> None:
     stamped = job("a", pod_set="main")
     custom = job("b", pod_set="trainers")
     unstamped = job("c", pod_set=None)
-    assert h.pod_set(ref(stamped), parse_pod(job_pod(stamped, index=0))) == "main"
-    assert h.pod_set(ref(custom), parse_pod(job_pod(custom, index=0))) == "trainers"
-    assert h.pod_set(ref(unstamped), parse_pod(job_pod(unstamped, index=0))) == "main"
+    assert h.pod_set(ref_of(stamped), parse_pod(job_pod(stamped, index=0))) == "main"
+    assert h.pod_set(ref_of(custom), parse_pod(job_pod(custom, index=0))) == "trainers"
+    assert h.pod_set(ref_of(unstamped), parse_pod(job_pod(unstamped, index=0))) == "main"
 
 
 # -- ungater_sort_key / ungater_release_group ------------------------------------------------
@@ -116,7 +116,7 @@ def test_pod_set_prefers_kueue_label_and_falls_back_to_main() -> None:
 def test_sort_key_orders_indexed_pods_by_completion_index() -> None:
     j = job("train", parallelism=12)
     h = handler()
-    keys = {i: h.sort_key(ref(j), parse_pod(job_pod(j, index=i))) for i in (0, 2, 10)}
+    keys = {i: h.sort_key(ref_of(j), parse_pod(job_pod(j, index=i))) for i in (0, 2, 10)}
     assert keys == {0: (0, 0), 2: (0, 2), 10: (0, 10)}
     assert keys[2] < keys[10]  # numeric, not "10" < "2"
 
@@ -125,20 +125,20 @@ def test_sort_key_reads_the_annotation_when_the_label_is_absent() -> None:
     j = job("train")
     pod = parse_pod(job_pod(j, index=3, index_label=False))
     assert "batch.kubernetes.io/job-completion-index" not in pod.labels
-    assert handler().sort_key(ref(j), pod) == (0, 3)
+    assert handler().sort_key(ref_of(j), pod) == (0, 3)
 
 
 def test_sort_key_falls_back_to_the_label_when_the_annotation_is_unusable() -> None:
     j = job("train")
     raw = job_pod(j, index=4)
     raw["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] = "four"
-    assert handler().sort_key(ref(j), parse_pod(raw)) == (0, 4)
+    assert handler().sort_key(ref_of(j), parse_pod(raw)) == (0, 4)
 
 
 def test_non_indexed_pods_share_one_key_so_creation_time_decides() -> None:
     j = job("train", indexed=False)
     h = handler()
-    assert {h.sort_key(ref(j), parse_pod(job_pod(j, created=t))) for t in (1, 2, 3)} == {(1, 0)}
+    assert {h.sort_key(ref_of(j), parse_pod(job_pod(j, created=t))) for t in (1, 2, 3)} == {(1, 0)}
 
 
 @given(st.text(max_size=30))
@@ -152,7 +152,7 @@ def test_sort_key_never_raises_on_odd_annotations(value: str) -> None:
 
 def test_no_release_groups() -> None:
     j = job("train")
-    assert handler().release_group(ref(j), parse_pod(job_pod(j, index=0))) is None
+    assert handler().release_group(ref_of(j), parse_pod(job_pod(j, index=0))) is None
 
 
 # -- whole decisions -------------------------------------------------------------------------

@@ -12,7 +12,6 @@ from tests.unit.podfactory import (
     jobset,
     jobset_child_job,
     names,
-    ref,
     release,
     strip_owner,
     workload,
@@ -21,6 +20,7 @@ from ungater._decide.decision import Ownership, decide
 from ungater._model.views import Kind, parse_object, parse_pod, parse_workload
 from ungater._plugins.registry import KindHandler, PluginRegistry
 from ungater.plugin_api import KindSpec, ResourceSpec
+from ungater.testing import ref_of
 
 JOBSET = Kind("jobset.x-k8s.io", "JobSet")
 
@@ -59,7 +59,7 @@ def test_kinds_declares_jobset_with_child_jobs_as_intermediates() -> None:
 def test_selector_is_the_jobset_uid_and_matches_pods_and_child_jobs_are_cached() -> None:
     js = jobset("llm", {"workers": 2})
     child = jobset_child_job(js, "workers", 1)
-    selector = handler().pod_selector(ref(js))
+    selector = handler().pod_selector(ref_of(js))
     assert selector == {"jobset.sigs.k8s.io/jobset-uid": js["metadata"]["uid"]}
     pod = parse_pod(job_pod(child, index=0))
     assert all(pod.labels.get(k) == v for k, v in selector.items())
@@ -73,7 +73,7 @@ def test_selector_is_the_jobset_uid_and_matches_pods_and_child_jobs_are_cached()
 def test_owns_pods_of_its_child_jobs() -> None:
     js = jobset("llm", {"workers": 2})
     child = jobset_child_job(js, "workers", 0)
-    assert jobset_plugin.ungater_owns_pod(ref(js), [ref(child), ref(js)]) is True
+    assert jobset_plugin.ungater_owns_pod(ref_of(js), [ref_of(child), ref_of(js)]) is True
     [f] = facts(handler(), js, [job_pod(child, index=0)], [child])
     assert f.ownership is Ownership.PROVEN
 
@@ -92,7 +92,9 @@ def test_pod_whose_job_belongs_to_another_jobset_is_not_owned() -> None:
     pod = job_pod(stolen_child, index=0)
     # the pod claims to be ours by label...
     pod["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-uid"] = js["metadata"]["uid"]
-    assert jobset_plugin.ungater_owns_pod(ref(js), [ref(stolen_child), ref(other)]) is False
+    assert (
+        jobset_plugin.ungater_owns_pod(ref_of(js), [ref_of(stolen_child), ref_of(other)]) is False
+    )
     [f] = facts(handler(), js, [pod], [stolen_child])
     assert f.ownership is Ownership.FOREIGN
 
@@ -100,14 +102,14 @@ def test_pod_whose_job_belongs_to_another_jobset_is_not_owned() -> None:
 def test_pod_of_a_standalone_job_is_not_owned() -> None:
     js = jobset("llm", {"workers": 1})
     lone = job("llm-workers-0", pod_set=None, labels={"jobset.sigs.k8s.io/jobset-name": "llm"})
-    assert jobset_plugin.ungater_owns_pod(ref(js), [ref(lone)]) is False
+    assert jobset_plugin.ungater_owns_pod(ref_of(js), [ref_of(lone)]) is False
     [f] = facts(handler(), js, [job_pod(lone, index=0)], [lone])
     assert f.ownership is Ownership.FOREIGN
 
 
 def test_pod_owned_by_the_jobset_directly_is_not_owned() -> None:
     js = jobset("llm", {"workers": 1})
-    assert jobset_plugin.ungater_owns_pod(ref(js), [ref(js)]) is False
+    assert jobset_plugin.ungater_owns_pod(ref_of(js), [ref_of(js)]) is False
 
 
 def test_child_job_not_cached_yet_is_unresolved_not_foreign() -> None:
@@ -125,15 +127,15 @@ def test_pod_set_prefers_kueue_label_then_the_replicated_job_name() -> None:
     h = handler()
     stamped = jobset_child_job(js, "workers", 0, pod_set="")
     unstamped = jobset_child_job(js, "driver", 0, pod_set=None)
-    assert h.pod_set(ref(js), parse_pod(job_pod(stamped, index=0))) == "workers"
-    assert h.pod_set(ref(js), parse_pod(job_pod(unstamped, index=0))) == "driver"
+    assert h.pod_set(ref_of(js), parse_pod(job_pod(stamped, index=0))) == "workers"
+    assert h.pod_set(ref_of(js), parse_pod(job_pod(unstamped, index=0))) == "driver"
 
 
 def test_pod_without_any_pod_set_label_has_none() -> None:
     js = jobset("llm", {"workers": 1})
     raw = job_pod(jobset_child_job(js, "workers", 0, pod_set=None), index=0)
     del raw["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"]
-    assert handler().pod_set(ref(js), parse_pod(raw)) is None
+    assert handler().pod_set(ref_of(js), parse_pod(raw)) is None
 
 
 # -- ungater_sort_key / ungater_release_group ------------------------------------------------
@@ -145,7 +147,7 @@ def test_sort_key_is_job_index_then_completion_index() -> None:
 
     def key(job_index: int, index: int) -> tuple[int | str, ...]:
         child = jobset_child_job(js, "workers", job_index, parallelism=12)
-        return h.sort_key(ref(js), parse_pod(job_pod(child, index=index)))
+        return h.sort_key(ref_of(js), parse_pod(job_pod(child, index=index)))
 
     assert key(0, 0) == (0, 0, 0, 0)
     assert key(0, 11) < key(1, 0) < key(1, 2) < key(10, 0)
@@ -154,13 +156,13 @@ def test_sort_key_is_job_index_then_completion_index() -> None:
 def test_sort_key_of_non_indexed_child_jobs() -> None:
     js = jobset("llm", {"workers": 2})
     child = jobset_child_job(js, "workers", 1, indexed=False)
-    assert handler().sort_key(ref(js), parse_pod(job_pod(child))) == (0, 1, 1, 0)
+    assert handler().sort_key(ref_of(js), parse_pod(job_pod(child))) == (0, 1, 1, 0)
 
 
 def test_no_release_groups() -> None:
     js = jobset("llm", {"workers": 1})
     pod = parse_pod(job_pod(jobset_child_job(js, "workers", 0), index=0))
-    assert handler().release_group(ref(js), pod) is None
+    assert handler().release_group(ref_of(js), pod) is None
 
 
 # -- whole decisions -------------------------------------------------------------------------

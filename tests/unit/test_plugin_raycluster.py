@@ -14,17 +14,16 @@ from tests.unit.podfactory import (
     ray_replica_name,
     ray_worker_pod,
     raycluster,
-    ref,
     release,
     reown,
     strip_owner,
-    uid_for,
     workload,
 )
 from ungater._decide.decision import Ownership, decide
 from ungater._model.views import Kind, ObjectRef, parse_pod, parse_workload
 from ungater._plugins.registry import KindHandler, PluginRegistry
 from ungater.plugin_api import KindSpec, ReleaseGroup
+from ungater.testing import new_uid, ref_of
 
 RAYCLUSTER = Kind("ray.io", "RayCluster")
 
@@ -92,7 +91,7 @@ def test_desired_counts_follow_kuberay_replicas_clamped_times_hosts() -> None:
 
 def test_selector_is_the_cluster_name_and_matches_head_and_workers() -> None:
     rc = raycluster("rc", {"cpu": (1, 1)})
-    selector = handler().pod_selector(ref(rc))
+    selector = handler().pod_selector(ref_of(rc))
     assert selector == {"ray.io/cluster": "rc"}
     for raw in (ray_head_pod(rc), ray_worker_pod(rc, "cpu")):
         pod = parse_pod(raw)
@@ -104,7 +103,7 @@ def test_selector_is_the_cluster_name_and_matches_head_and_workers() -> None:
 
 def test_owns_pods_whose_controller_is_the_cluster() -> None:
     rc = raycluster("rc", {"cpu": (1, 1)})
-    assert ray_plugin.ungater_owns_pod(ref(rc), [ref(rc)]) is True
+    assert ray_plugin.ungater_owns_pod(ref_of(rc), [ref_of(rc)]) is True
     got = facts(handler(), rc, [ray_head_pod(rc), ray_worker_pod(rc, "cpu")])
     assert [f.ownership for f in got] == [Ownership.PROVEN, Ownership.PROVEN]
 
@@ -113,22 +112,22 @@ def test_foreign_pod_with_copied_labels_is_not_owned() -> None:
     rc = raycluster("rc", {"cpu": (1, 1)})
     [f] = facts(handler(), rc, [strip_owner(ray_worker_pod(rc, "cpu"))])
     assert f.ownership is Ownership.FOREIGN
-    assert ray_plugin.ungater_owns_pod(ref(rc), []) is False
+    assert ray_plugin.ungater_owns_pod(ref_of(rc), []) is False
 
 
 def test_pod_of_a_deleted_and_recreated_cluster_of_the_same_name_is_not_owned() -> None:
     rc = raycluster("rc", {"cpu": (1, 1)})
-    old = dict(rc, metadata={**rc["metadata"], "uid": uid_for("previous incarnation")})
+    old = dict(rc, metadata={**rc["metadata"], "uid": new_uid("previous incarnation")})
     pod = reown(ray_worker_pod(rc, "cpu"), old)  # same name, same labels, old UID
     [f] = facts(handler(), rc, [pod])
     assert f.ownership is Ownership.FOREIGN
-    assert ray_plugin.ungater_owns_pod(ref(rc), [ref(old)]) is False
+    assert ray_plugin.ungater_owns_pod(ref_of(rc), [ref_of(old)]) is False
 
 
 def test_chain_through_a_rayjob_is_not_this_plugins_shape() -> None:
     rc = raycluster("rc", {"cpu": (1, 1)})
-    rayjob = ObjectRef("ray.io/v1", "RayJob", "job", uid_for("rayjob"))
-    assert ray_plugin.ungater_owns_pod(rayjob, [ref(rc), rayjob]) is False
+    rayjob = ObjectRef("ray.io/v1", "RayJob", "job", new_uid("rayjob"))
+    assert ray_plugin.ungater_owns_pod(rayjob, [ref_of(rc), rayjob]) is False
 
 
 # -- ungater_pod_set -------------------------------------------------------------------------
@@ -136,7 +135,7 @@ def test_chain_through_a_rayjob_is_not_this_plugins_shape() -> None:
 
 def test_pod_set_prefers_kueue_label_then_head_then_group_name() -> None:
     rc = raycluster("rc", {"GPU-Workers": (2, 1)})
-    h, owner = handler(), ref(rc)
+    h, owner = handler(), ref_of(rc)
     assert h.pod_set(owner, parse_pod(ray_head_pod(rc))) == "head"
     assert h.pod_set(owner, parse_pod(ray_head_pod(rc, pod_set=None))) == "head"
     assert h.pod_set(owner, parse_pod(ray_worker_pod(rc, "GPU-Workers"))) == "gpu-workers"
@@ -149,7 +148,7 @@ def test_pod_set_unknown_without_node_type() -> None:
     rc = raycluster("rc", {"cpu": (1, 1)})
     raw = ray_worker_pod(rc, "cpu", pod_set=None)
     del raw["metadata"]["labels"]["ray.io/node-type"]
-    assert handler().pod_set(ref(rc), parse_pod(raw)) is None
+    assert handler().pod_set(ref_of(rc), parse_pod(raw)) is None
 
 
 # -- ungater_sort_key ------------------------------------------------------------------------
@@ -157,7 +156,7 @@ def test_pod_set_unknown_without_node_type() -> None:
 
 def test_sort_key_head_first_then_replica_index_then_host_index() -> None:
     rc = raycluster("rc", {"tpu": (3, 2)})
-    h, owner = handler(), ref(rc)
+    h, owner = handler(), ref_of(rc)
     head = h.sort_key(owner, parse_pod(ray_head_pod(rc)))
     replicas = [multi_host_replica(rc, "tpu", i, 2) for i in (0, 1, 10)]
     keys = [[h.sort_key(owner, parse_pod(p)) for p in r] for r in replicas]
@@ -169,7 +168,7 @@ def test_sort_key_head_first_then_replica_index_then_host_index() -> None:
 
 def test_sort_key_single_host_workers_by_replica_index() -> None:
     rc = raycluster("rc", {"cpu": (3, 1)})
-    h, owner = handler(), ref(rc)
+    h, owner = handler(), ref_of(rc)
     keys = [
         h.sort_key(owner, parse_pod(ray_worker_pod(rc, "cpu", replica_index=i))) for i in (2, 0, 11)
     ]
@@ -178,7 +177,7 @@ def test_sort_key_single_host_workers_by_replica_index() -> None:
 
 def test_sort_key_without_indexing_labels_leaves_creation_order_to_the_core() -> None:
     rc = raycluster("rc", {"cpu": (3, 1)})
-    h, owner = handler(), ref(rc)
+    h, owner = handler(), ref_of(rc)
     keys = {
         h.sort_key(owner, parse_pod(ray_worker_pod(rc, "cpu", replica_index=None, created=t)))
         for t in (1, 2)
@@ -193,7 +192,7 @@ def test_sort_key_without_indexing_labels_leaves_creation_order_to_the_core() ->
 
 def test_multi_host_workers_are_grouped_by_replica_name() -> None:
     rc = raycluster("rc", {"tpu": (2, 4)})
-    h, owner = handler(), ref(rc)
+    h, owner = handler(), ref_of(rc)
     replica = multi_host_replica(rc, "tpu", 0, 4)
     groups = {h.release_group(owner, parse_pod(p)) for p in replica}
     name = replica[0]["metadata"]["labels"]["ray.io/worker-group-replica-name"]
@@ -213,7 +212,7 @@ def test_a_replica_missing_a_host_waits_when_num_of_hosts_is_known() -> None:
     from ungater._decide.assess import pod_facts
 
     views = [parse_pod(p) for p in pods]
-    decision = decide(slices, pod_facts(h, ref(rc), views, {}, h.owner_facts(rc)), GATE)
+    decision = decide(slices, pod_facts(h, ref_of(rc), views, {}, h.owner_facts(rc)), GATE)
     assert decision.released_names == names(first)
     tpu = next(r for r in decision.pod_sets if r.name == "tpu")
     assert [w.reason for w in tpu.waiting] == [
@@ -224,7 +223,7 @@ def test_a_replica_missing_a_host_waits_when_num_of_hosts_is_known() -> None:
 
 def test_head_and_single_host_workers_are_not_grouped() -> None:
     rc = raycluster("rc", {"cpu": (2, 1)})
-    h, owner = handler(), ref(rc)
+    h, owner = handler(), ref_of(rc)
     assert h.release_group(owner, parse_pod(ray_head_pod(rc))) is None
     assert h.release_group(owner, parse_pod(ray_worker_pod(rc, "cpu", replica_index=1))) is None
 

@@ -9,11 +9,7 @@ the whole controller on the in-memory API server.
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
 
-import anyio
 import pytest
 import ungater_plugins.raycluster as raycluster_plugin
 import ungater_plugins.rayjob as rayjob_plugin
@@ -22,26 +18,23 @@ from tests.fakekube import FakeKube
 from tests.lagging import Lagging
 from tests.objects import RAYCLUSTERS, WORKLOADS
 from tests.polling import eventually, holds_for
+from tests.unit.harness import running
 from tests.unit.podfactory import (
     GATE,
     NAMESPACE,
     cluster_of,
-    controller_ref,
     names,
     ray_head_pod,
     ray_owner,
     ray_replica_name,
     ray_worker_pod,
     release,
-    uid_for,
     workload,
 )
-from ungater._controller.controller import Controller
 from ungater._kube.client import PODS
 from ungater._model.config import Config
-from ungater._plugins.registry import PluginRegistry
 from ungater.plugin_api import VIA_FACTS, KindSpec, ReleaseGroup
-from ungater.testing import PluginUnderTest
+from ungater.testing import PluginUnderTest, new_uid, owner_ref
 
 RAYJOB = ("ray.io", "RayJob")
 RAYSERVICE = ("ray.io", "RayService")
@@ -85,7 +78,7 @@ def test_pods_are_selected_through_each_raycluster_the_owner_controls_by_uid() -
     loose["metadata"]["ownerReferences"][0]["controller"] = False
     # a RayCluster naming the RayJob but with another UID (a deleted and recreated RayJob)
     stale = cluster_of(job, "stale-raycluster", {"workers": (1, 1)})
-    stale["metadata"]["ownerReferences"][0]["uid"] = uid_for("an", "earlier", "train")
+    stale["metadata"]["ownerReferences"][0]["uid"] = new_uid("an", "earlier", "train")
     selectors = kit().pod_selectors(job, [mine, theirs, loose, stale])
     assert selectors == [{"ray.io/cluster": "train-raycluster-abcde"}]
     assert kit().pod_selectors(job, []) == [], "no RayCluster cached yet: no candidates"
@@ -98,12 +91,12 @@ def test_ownership_is_the_uid_chain_pod_raycluster_rayjob() -> None:
     job = ray_owner("RayJob", "train")
     rc = cluster_of(job, "train-raycluster-abcde", {"workers": (2, 1)})
     other = cluster_of(ray_owner("RayJob", "other"), "train-raycluster-abcde", {})
-    other["metadata"]["uid"] = uid_for("RayCluster", "impostor")
+    other["metadata"]["uid"] = new_uid("RayCluster", "impostor")
     head = ray_head_pod(rc)
     impostor = ray_head_pod(other)  # the same ray.io/cluster label, another RayCluster
     direct = copy.deepcopy(head)  # owned by the RayJob itself, skipping the RayCluster
-    direct["metadata"]["uid"] = uid_for("direct")
-    direct["metadata"]["ownerReferences"] = [controller_ref(job)]
+    direct["metadata"]["uid"] = new_uid("direct")
+    direct["metadata"]["ownerReferences"] = [owner_ref(job)]
     assert kit().ownership(job, [head, impostor, direct], [rc, other]) == [
         "proven",
         "foreign",
@@ -225,21 +218,7 @@ def config(*kinds: tuple[str, str]) -> Config:
     )
 
 
-@asynccontextmanager
-async def running(fake: Any, cfg: Config) -> AsyncIterator[Controller]:
-    registry = PluginRegistry.from_modules(
-        {"raycluster": raycluster_plugin, "rayjob": rayjob_plugin}
-    )
-    ctl = Controller(cfg, fake, registry)  # type: ignore[arg-type]
-    stop = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(ctl.run, stop)
-        with anyio.fail_after(5):
-            await ctl.ready.wait()
-        try:
-            yield ctl
-        finally:
-            stop.set()
+PLUGINS = {"raycluster": raycluster_plugin, "rayjob": rayjob_plugin}
 
 
 def released_names(fake: FakeKube) -> set[str]:
@@ -265,9 +244,9 @@ async def test_controller_releases_a_rayjobs_pods_through_its_raycluster() -> No
         for i in range(3)  # one more than the RayCluster wants: KubeRay is deleting it
     ]
     foreign_rc = cluster_of(ray_owner("RayJob", "other"), "train-raycluster-abcde", {})
-    foreign_rc["metadata"]["uid"] = uid_for("RayCluster", "someone else's")
+    foreign_rc["metadata"]["uid"] = new_uid("RayCluster", "someone else's")
     impostor = fake.put(PODS, ray_head_pod(foreign_rc, created=0))
-    async with running(fake, config(("ray.io", "RayCluster"), RAYJOB)):
+    async with running(fake, config(("ray.io", "RayCluster"), RAYJOB), plugins=PLUGINS):
         fake.put(
             WORKLOADS, workload(job, {"head": 1, "workers": 3}, admitted={"head": 1, "workers": 3})
         )
@@ -312,7 +291,7 @@ async def test_a_slot_freed_before_the_raycluster_shrink_is_seen_is_not_refilled
     fake.put(
         WORKLOADS, workload(job, {"head": 1, "workers": 5}, admitted={"head": 1, "workers": 3})
     )
-    async with running(client, config(RAYJOB)):
+    async with running(client, config(RAYJOB), plugins=PLUGINS):
         await holds_for(lambda: live_released_workers(fake) == 3, 0.2, what="cap 3 reached")
         held = client.hold("rayclusters")
         small = copy.deepcopy(rc)

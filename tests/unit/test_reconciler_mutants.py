@@ -29,6 +29,7 @@ from tests.clock import ManualClock
 from tests.fakekube import FakeKube, PatchFault
 from tests.objects import JOBS, RAYCLUSTERS, WORKLOADS
 from tests.polling import eventually
+from tests.unit.harness import running
 from tests.unit.podfactory import (
     GATE,
     NAMESPACE,
@@ -53,9 +54,8 @@ from ungater._kube.client import EVENTS, PODS, ApiError, Resource
 from ungater._kube.kueue import workload_resource
 from ungater._model.config import Config
 from ungater._model.views import Kind, parse_workload
-from ungater._observe.events import EventRecorder, released_message
+from ungater._observe.events import released_message
 from ungater._observe.metrics import Metrics
-from ungater._plugins.registry import PluginRegistry
 from ungater.plugin_api import KindSpec, hookimpl
 
 pytestmark = pytest.mark.anyio
@@ -103,33 +103,19 @@ async def standby(
     """The controller with metrics and real Events, caches synced, no workers; ``client``
     (a wrapper of ``fake``) is what the controller talks to, if given; ``plugins`` replace
     the built-in ones."""
-    metrics = Metrics()
-    events = EventRecorder(fake, host="test")
-    registry = PluginRegistry.from_modules(
-        plugins or {"job": job_plugin, "raycluster": raycluster_plugin, "rayjob": rayjob_plugin}
-    )
-    ctl = Controller(
-        cfg or config(),
-        client or fake,
-        registry,
-        clock=clock or ManualClock(1000.0),
-        metrics=metrics,
-        events=events,
-    )
-    metrics.bind(ctl)
     elector = Standby()
-    stop = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(events.run)
-        tg.start_soon(ctl.run, stop, elector)
-        with anyio.fail_after(5):
-            await ctl.ready.wait()
-        try:
-            with anyio.fail_after(20):
-                yield ctl, elector
-        finally:
-            stop.set()
-            await events.close(1.0)
+    async with running(
+        fake,
+        cfg or config(),
+        plugins=plugins
+        or {"job": job_plugin, "raycluster": raycluster_plugin, "rayjob": rayjob_plugin},
+        observed=True,
+        client=client,
+        elector=elector,
+        clock=clock or ManualClock(1000.0),
+    ) as ctl:
+        with anyio.fail_after(20):
+            yield ctl, elector
 
 
 def setup(

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import replace as _replace
 from typing import Any
 
@@ -20,8 +18,7 @@ from tests.objects import GATE, JOBS, PODS, WORKLOADS, job_pod, ungated, workloa
 from tests.polling import eventually, holds_for
 from tests.unit.builders import facts, wl_view
 from tests.unit.builders import workload as raw_workload
-from tests.unit.harness import observed_controller
-from ungater._controller.controller import Controller
+from tests.unit.harness import running
 from ungater._decide.decision import CONSUME_PROVISIONING_REQUEST, decide
 from ungater._decide.refusals import (
     BLOCKED,
@@ -156,12 +153,6 @@ def make_config() -> Config:
     )
 
 
-@asynccontextmanager
-async def running(fake: FakeKube) -> AsyncIterator[Controller]:
-    async with observed_controller(fake, make_config()) as ctl:
-        yield ctl
-
-
 def setup_job(fake: FakeKube, n: int, name: str) -> dict[str, Any]:
     owner = {
         "apiVersion": "batch/v1",
@@ -204,7 +195,7 @@ async def test_a_refused_release_backs_off_alone_and_says_why() -> None:
             raise ApiError(403, f'pods "{name}" is forbidden: denied by policy no-release')
 
     fake.before_patch = deny
-    async with running(fake) as ctl:
+    async with running(fake, make_config(), observed=True) as ctl:
         await eventually(
             lambda: released(fake, "train") == ["train-1-x001", "train-2-x002"],
             what="the next pods take the refused pod's slot",
@@ -248,7 +239,7 @@ async def test_a_blocked_pod_is_retried_after_its_backoff_and_then_released() ->
             raise ApiError(400, 'admission webhook "x" denied the request')
 
     fake.before_patch = deny_once
-    async with running(fake) as ctl:
+    async with running(fake, make_config(), observed=True) as ctl:
         ctl.blocked.initial = 0.2
         await eventually(lambda: released(fake, "train") == ["train-0-x000"], timeout=5)
         assert ctl.stats.patch_blocked == 1 and len(ctl.blocked) == 0
@@ -273,7 +264,7 @@ async def test_a_pod_whose_deletion_lands_before_our_patch_keeps_its_gate() -> N
             fake.delete(PODS, ns, name)
 
     fake.before_patch = delete_first
-    async with running(fake) as ctl:
+    async with running(fake, make_config(), observed=True) as ctl:
         await eventually(lambda: released(fake, "train") == ["train-1-x001"])
         await eventually(lambda: ctl.stats.released == 1 and ctl.stats.patch_conflicts >= 1)
         await holds_for(lambda: ctl.stats.released == 1, 0.3)
@@ -356,7 +347,7 @@ async def test_a_refused_pod_is_tried_again_when_its_backoff_ends_despite_an_ear
             )
         }
     )
-    async with observed_controller(fake, cfg) as ctl:
+    async with running(fake, cfg, observed=True) as ctl:
         fake.put(WORKLOADS, workload(train, "train-a", count=2, admitted=2))
         await eventually(lambda: released(fake, "train") == ["train-1-x001"], what="pod 1")
         assert ctl.stats.patch_blocked == 1

@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 import anyio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,9 +11,8 @@ from tests.clock import ManualClock
 from tests.fakekube import FakeKube
 from tests.objects import GATE, PODS, WORKLOADS, job_pod, with_phase, workload
 from tests.polling import eventually
-from tests.unit.harness import observed_controller
+from tests.unit.harness import running
 from tests.unit.test_controller import NS, make_config, released_indexes, setup_job
-from ungater._controller.controller import Controller
 from ungater._decide.releasable import ReleasableClock
 from ungater._observe.metrics import Metrics
 
@@ -47,13 +43,6 @@ def test_the_wait_starts_at_the_later_of_arrival_and_room() -> None:
     assert c.waited("owner", "p") is None and len(c) == 1
 
 
-@asynccontextmanager
-async def running(fake: FakeKube) -> AsyncIterator[tuple[Controller, Metrics]]:
-    async with observed_controller(fake, make_config()) as ctl:
-        assert ctl.metrics is not None
-        yield ctl, ctl.metrics
-
-
 def samples(metrics: Metrics, name: str) -> dict[tuple[tuple[str, str], ...], float]:
     out = {}
     for family in text_string_to_metric_families(metrics.render().decode()):
@@ -68,7 +57,9 @@ async def test_a_freed_slot_is_timed_from_the_freeing_not_from_the_admission() -
     fake = FakeKube()
     owner = setup_job(fake, 3)
     fake.put(WORKLOADS, workload(owner, "train-a", count=3, admitted=2))
-    async with running(fake) as (ctl, metrics):
+    async with running(fake, make_config(), observed=True) as ctl:
+        metrics = ctl.metrics
+        assert metrics is not None
         await eventually(lambda: released_indexes(fake) == [0, 1])
         kind = (("kind", "Job.batch"),)
         assert samples(metrics, "ungater_release_wait_seconds_count")[kind] == 2

@@ -4,8 +4,6 @@ the decision, and the controller's Warning Event and metric on the in-memory API
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -16,8 +14,7 @@ from tests.objects import JOBS, PODS, WORKLOADS, job_pod, ungated, workload
 from tests.polling import eventually, holds_for
 from tests.unit.builders import GATE, facts
 from tests.unit.builders import workload as raw_workload
-from tests.unit.harness import observed_controller
-from ungater._controller.controller import Controller
+from tests.unit.harness import running
 from ungater._decide.decision import CONSUME_PROVISIONING_REQUEST as PR
 from ungater._decide.decision import PodFacts, decide
 from ungater._kube.client import EVENTS
@@ -78,17 +75,14 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@asynccontextmanager
-async def running(fake: FakeKube) -> AsyncIterator[Controller]:
-    config = Config.model_validate(
+def make_config() -> Config:
+    return Config.model_validate(
         {
             "mode": "release",  # the test plays Kueue: no other releaser
             "kinds": [{"group": "batch", "kind": "Job"}],
             "watch": {"backoffInitialSeconds": 0.01, "backoffMaxSeconds": 0.05},
         }
     )
-    async with observed_controller(fake, config) as ctl:
-        yield ctl
 
 
 @pytest.mark.anyio
@@ -106,7 +100,7 @@ async def test_controller_keeps_stale_pods_gated_and_warns() -> None:
         pod["metadata"]["annotations"][PR] = "pr-old" if i == 0 else "pr-new"
         fake.put(PODS, pod)
     fake.put(WORKLOADS, with_request(workload(owner, "train-a", count=3, admitted=3), "pr-new"))
-    async with running(fake) as ctl:
+    async with running(fake, make_config(), observed=True) as ctl:
         await eventually(
             lambda: (
                 sorted(p["metadata"]["name"] for p in ungated(fake.items(PODS, NS)))

@@ -12,8 +12,6 @@ the state it must not act on and a reconcile of the owner taken after that is do
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -26,6 +24,7 @@ from tests.lagging import Lagging
 from tests.objects import JOBS, WORKLOADS
 from tests.polling import eventually, holds_for
 from tests.seen import cache_holds, cache_lacks, owner_key, reconciled, waiting
+from tests.unit.harness import running
 from tests.unit.podfactory import (
     GATE,
     NAMESPACE,
@@ -39,7 +38,6 @@ from tests.unit.podfactory import (
 from ungater._controller.controller import Controller
 from ungater._kube.client import PODS, Resource
 from ungater._model.config import Config
-from ungater._plugins.registry import PluginRegistry
 
 JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
 
@@ -60,19 +58,7 @@ def config(*kinds: tuple[str, str]) -> Config:
     )
 
 
-@asynccontextmanager
-async def running(client: Any, cfg: Config) -> AsyncIterator[Controller]:
-    registry = PluginRegistry.from_modules({"job": job_plugin, "jobset": jobset_plugin})
-    ctl = Controller(cfg, client, registry)
-    stop = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(ctl.run, stop)
-        with anyio.fail_after(5):
-            await ctl.ready.wait()
-        try:
-            yield ctl
-        finally:
-            stop.set()
+PLUGINS = {"job": job_plugin, "jobset": jobset_plugin}
 
 
 def live_released(fake: FakeKube) -> list[str]:
@@ -105,7 +91,9 @@ async def test_jobset_pod_seen_first_through_the_job_watch_is_not_released_twice
     for i in (0, 5):
         fake.put(PODS, job_pod(child, index=i, created=1 + i))
     held = client.hold("pods", jobset_plugin.JOBSET_UID_LABEL)
-    async with running(client, config(("batch", "Job"), ("jobset.x-k8s.io", "JobSet"))) as ctl:
+    async with running(
+        client, config(("batch", "Job"), ("jobset.x-k8s.io", "JobSet")), plugins=PLUGINS
+    ) as ctl:
         fake.put(WORKLOADS, workload(js, {"workers": 6}, admitted={"workers": 1}))
         await eventually(lambda: pod_patches(fake) == 1, what="the first release")
         first = [p for p in fake.items(PODS, NAMESPACE) if GATE not in str(p["spec"])]
@@ -187,7 +175,7 @@ async def test_scale_down_does_not_refill_slots_the_owner_gave_up() -> None:
     own size."""
     fake = FakeKube()
     j = shrinking_job(fake)
-    async with running(fake, config(("batch", "Job"))) as ctl:
+    async with running(fake, config(("batch", "Job")), plugins=PLUGINS) as ctl:
         await at_cap_three(ctl, fake, j)
         shrunk, victim = shrink_to_two(fake, j)  # the Job controller's first victim
         await eventually(
@@ -210,7 +198,7 @@ async def test_slot_freed_after_the_cached_owner_is_refilled_only_after_a_fresh_
     fake = FakeKube()
     client = Lagging(fake)
     j = shrinking_job(fake)
-    async with running(client, config(("batch", "Job"))) as ctl:
+    async with running(client, config(("batch", "Job")), plugins=PLUGINS) as ctl:
         await at_cap_three(ctl, fake, j)
         held = client.hold("jobs")
         shrunk, victim = shrink_to_two(fake, j)
@@ -246,7 +234,7 @@ async def test_a_refused_patch_backs_off_and_counts_one_foreign_release() -> Non
             fake.put(PODS, release(fake.read(PODS, namespace, name) or {}))
 
     fake.before_patch = rogue
-    async with running(client, config(("batch", "Job"))) as ctl:
+    async with running(client, config(("batch", "Job")), plugins=PLUGINS) as ctl:
         fake.put(WORKLOADS, workload(j, {"main": 2}, admitted={"main": 1}))
         start = anyio.current_time()
         await eventually(
@@ -275,7 +263,7 @@ async def test_an_owner_grown_back_before_the_lowered_slice_is_seen_waits() -> N
     j = fake.put(JOBS, job("train", parallelism=4, completions=4))
     pods = [fake.put(PODS, release(job_pod(j, index=i, created=1 + i))) for i in range(4)]
     wl = fake.put(WORKLOADS, workload(j, {"main": 4}, admitted={"main": 4}))
-    async with running(client, config(("batch", "Job"))) as ctl:
+    async with running(client, config(("batch", "Job")), plugins=PLUGINS) as ctl:
         await eventually(
             lambda: cache_holds(ctl, "pods", pods) and cache_holds(ctl, "workloads", [wl]),
             what="the released pods and the slice cached",
@@ -321,7 +309,7 @@ async def test_a_pod_that_ended_before_the_view_showed_our_release_is_not_repatc
     pods = [fake.put(PODS, job_pod(j, index=i, created=1 + i)) for i in range(2)]
     held = client.hold("pods")
     cfg = config(("batch", "Job")).model_copy(update={"expectations_timeout_seconds": 0.2})
-    async with running(client, cfg) as ctl:
+    async with running(client, cfg, plugins=PLUGINS) as ctl:
         fake.put(WORKLOADS, workload(j, {"main": 2}, admitted={"main": 1}))
         await eventually(lambda: pod_patches(fake) == 1, what="the first release")
         ended = fake.read(PODS, NAMESPACE, pods[0]["metadata"]["name"]) or {}

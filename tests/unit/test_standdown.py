@@ -5,8 +5,6 @@ in-memory API server."""
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -17,7 +15,7 @@ import ungater_plugins.job as job_plugin
 from tests.fakekube import FakeKube
 from tests.objects import JOBS, PODS, WORKLOADS, job_pod, ungated, workload
 from tests.polling import eventually, holds_for
-from tests.unit.harness import observed_controller
+from tests.unit.harness import running
 from ungater._controller.controller import Controller
 from ungater._decide.standdown import StandDown
 from ungater._kube.client import EVENTS
@@ -69,12 +67,6 @@ def make_config(**overrides: Any) -> Config:
     return Config.model_validate(raw)
 
 
-@asynccontextmanager
-async def running(fake: FakeKube, config: Config) -> AsyncIterator[Controller]:
-    async with observed_controller(fake, config) as ctl:
-        yield ctl
-
-
 def setup_job(fake: FakeKube, name: str, n: int) -> dict[str, Any]:
     owner = {
         "apiVersion": "batch/v1",
@@ -108,7 +100,7 @@ async def test_repeated_foreign_releases_make_the_kind_stand_down_to_audit() -> 
     fake.put(WORKLOADS, workload(a, "a-1", count=3, admitted=3))
     fake.put(WORKLOADS, workload(b, "b-1", count=2))  # pending: nothing to release yet
     config = make_config()
-    async with running(fake, config) as ctl:
+    async with running(fake, config, observed=True) as ctl:
         await eventually(lambda: len(ungated(fake.items(PODS, NS))) == 3, what="a released")
         strip_gate(fake, "b-0-x000")
         await eventually(lambda: ctl.stats.foreign_releases == 1)
@@ -161,7 +153,7 @@ async def test_keep_releasing_only_says_so() -> None:
     b = setup_job(fake, "b", 2)
     fake.put(WORKLOADS, workload(b, "b-1", count=2))
     config = make_config(standDown={"foreignReleases": 1, "action": "keepReleasing"})
-    async with running(fake, config) as ctl:
+    async with running(fake, config, observed=True) as ctl:
         strip_gate(fake, "b-0-x000")
         await eventually(lambda: ctl.stats.foreign_releases == 1)
         (rt,) = ctl.kinds.values()
@@ -176,7 +168,7 @@ async def test_no_pods_unmapped_warning_during_a_slice_hand_over() -> None:
     a = setup_job(fake, "a", 3)
     fake.put(WORKLOADS, workload(a, "a-1", count=2, admitted=2))
     config = make_config(sliceHandoverGraceSeconds=0.5)
-    async with running(fake, config) as ctl:
+    async with running(fake, config, observed=True) as ctl:
         await eventually(lambda: len(ungated(fake.items(PODS, NS))) == 2)
         # Kueue's order: the old slice Finished, then (later) the replacement Admitted
         fake.put(WORKLOADS, workload(a, "a-1", count=2, admitted=2, finished=True))
@@ -222,7 +214,7 @@ async def test_a_standby_never_counts_the_leaders_releases_as_foreign() -> None:
     fake = FakeKube()
     b = setup_job(fake, "b", 2)
     fake.put(WORKLOADS, workload(b, "b-1", count=2))
-    async with running(fake, make_config(standDown={"foreignReleases": 1})) as ctl:
+    async with running(fake, make_config(standDown={"foreignReleases": 1}), observed=True) as ctl:
         ctl._leading = lambda: False  # a standby: the leader's releases arrive by the watch
         strip_gate(fake, "b-0-x000")
         await holds_for(lambda: ctl.stats.foreign_releases == 0, 0.3, what="not counted")

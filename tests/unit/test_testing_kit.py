@@ -8,18 +8,12 @@ import types
 import pytest
 import ungater_plugins.job as job_plugin
 
-from tests.objects import job_pod as _job_pod
+from tests.objects import job_pod
 from ungater._plugins.registry import PluginError
 from ungater.plugin_api import hookimpl
 from ungater.testing import PluginUnderTest, new_uid, owner_ref, slice_workload
 
 JOB = ("batch", "Job")
-
-
-def job_pod(owner: dict, index: int) -> dict:
-    pod = _job_pod(owner, index)
-    pod["metadata"]["uid"] = new_uid("pod", pod["metadata"]["name"])
-    return pod
 
 
 def module(**hooks: object) -> types.ModuleType:
@@ -41,7 +35,7 @@ def job(parallelism: int) -> dict:
 
 def test_decide_releases_the_admitted_count_in_the_plugins_order() -> None:
     owner = job(4)
-    pods = [job_pod(owner, i) for i in (3, 0, 2, 1)]
+    pods = [job_pod(owner, i, uid=new_uid("pod", str(i))) for i in (3, 0, 2, 1)]
     plugin = PluginUnderTest.from_module(job_plugin, JOB)
     outcome = plugin.decide(owner, pods, [slice_workload(owner, {"main": 4}, {"main": 2})])
     assert outcome.released == [pods[1]["metadata"]["name"], pods[3]["metadata"]["name"]]
@@ -54,7 +48,7 @@ def test_decide_releases_the_admitted_count_in_the_plugins_order() -> None:
 
 def test_the_owners_own_size_bounds_the_cap_unless_asked_not_to() -> None:
     owner = job(1)
-    pods = [job_pod(owner, i) for i in range(3)]
+    pods = [job_pod(owner, i, uid=new_uid("pod", str(i))) for i in range(3)]
     plugin = PluginUnderTest.from_module(job_plugin, JOB)
     admitted = [slice_workload(owner, {"main": 3}, {"main": 3})]
     assert plugin.decide(owner, pods, admitted).caps == {"main": 1}
@@ -64,8 +58,8 @@ def test_the_owners_own_size_bounds_the_cap_unless_asked_not_to() -> None:
 
 def test_ownership_is_proven_by_uid_not_by_labels() -> None:
     owner = job(2)
-    real = job_pod(owner, 0)
-    copied = job_pod(owner, 1)
+    real = job_pod(owner, 0, uid=new_uid("pod", "0"))
+    copied = job_pod(owner, 1, uid=new_uid("pod", "1"))
     copied["metadata"]["ownerReferences"] = [
         {**owner_ref(owner), "uid": new_uid("someone", "else")}
     ]
@@ -79,7 +73,7 @@ def test_a_hook_answering_the_wrong_type_fails_as_in_production() -> None:
     plugin = PluginUnderTest.from_module(module(**hooks), JOB)
     owner = job(1)
     with pytest.raises(PluginError, match="ungater_pod_set"):
-        plugin.pod_set(owner, job_pod(owner, 0))
+        plugin.pod_set(owner, job_pod(owner, 0, uid=new_uid("pod", "0")))
 
 
 def test_a_plugin_the_registry_rejects_is_an_assertion_error() -> None:

@@ -8,7 +8,6 @@ manager's part: what it counts, re-queues, announces and waits for (docs/testing
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -19,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.fakekube import FakeKube
 from tests.objects import WORKLOADS, workload
 from tests.polling import eventually
+from tests.unit.harness import started
 from ungater._controller.controller import Controller
 from ungater._controller.reconciler import Changed
 from ungater._decide.indexes import OwnerKey
@@ -93,20 +93,6 @@ def controller(fake: FakeKube, cfg: Config | None = None, **kw: Any) -> Controll
     return Controller(cfg or config(), fake, PluginRegistry.from_modules({"job": job_plugin}), **kw)
 
 
-@asynccontextmanager
-async def running(ctl: Controller, grace: float = 10.0) -> AsyncIterator[anyio.Event]:
-    """``ctl.run`` in the background until the block ends; yields its stop event."""
-    stop = anyio.Event()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(ctl.run, stop, None, grace)
-        with anyio.fail_after(5):
-            await ctl.ready.wait()
-        try:
-            yield stop
-        finally:
-            stop.set()
-
-
 def samples(metrics: Metrics, metric: str) -> dict[tuple[tuple[str, str], ...], float]:
     out = {}
     for family in text_string_to_metric_families(metrics.render().decode()):
@@ -144,7 +130,7 @@ async def test_each_reconcile_outcome_is_counted_by_result_and_retried_until_it_
         }
     )
     ctl.reconciler = script  # type: ignore[assignment]
-    async with running(ctl):
+    async with started(ctl):
         for uid in script.steps:
             ctl.queue.add(key(uid))
         await eventually(
@@ -185,7 +171,7 @@ async def test_a_plugin_error_is_announced_on_the_owners_slice_with_its_message(
     ctl.reconciler = Script({"uid-train": [raising(error), ok]})  # type: ignore[assignment]
     async with anyio.create_task_group() as tg:
         tg.start_soon(events.run)
-        async with running(ctl):
+        async with started(ctl):
             await eventually(lambda: ctl.workloads.has_owner("uid-train"), timeout=3)
             ctl.queue.add(key("uid-train"))
             sent = await eventually(
@@ -240,7 +226,7 @@ async def test_stopping_lets_every_reconcile_in_flight_finish() -> None:
     finished: list[str] = []
     script = Script({"a": [sleeping(0.1, finished)], "b": [sleeping(0.4, finished)]})
     ctl.reconciler = script  # type: ignore[assignment]
-    async with running(ctl) as stop:
+    async with started(ctl) as stop:
         ctl.queue.add(key("a"))
         ctl.queue.add(key("b"))
         await eventually(lambda: ctl._busy == 2, timeout=2, what="both in flight")
@@ -253,7 +239,7 @@ async def test_a_reconcile_that_never_ends_holds_the_stop_only_for_the_grace() -
     ctl = controller(fake)
     ctl.reconciler = Script({"a": [sleeping(3600, [])]})  # type: ignore[assignment]
     with anyio.fail_after(3):
-        async with running(ctl, grace=0.2) as stop:
+        async with started(ctl, grace=0.2) as stop:
             ctl.queue.add(key("a"))
             await eventually(lambda: ctl._busy == 1, timeout=2, what="in flight")
             stop.set()
@@ -291,7 +277,7 @@ async def test_a_stop_before_the_caches_synced_ends_run_without_acting() -> None
 async def test_a_snapshot_says_synced_once_the_caches_are() -> None:
     ctl = controller(FakeKube())
     assert ctl.metrics_snapshot().synced is False
-    async with running(ctl):
+    async with started(ctl):
         assert ctl.metrics_snapshot().synced is True
 
 
@@ -328,7 +314,7 @@ async def test_the_gate_guard_is_checked_every_interval_and_never_when_turned_of
     interval: float,
 ) -> None:
     ctl = controller(FakeKube(), config(policyCheckIntervalSeconds=interval))
-    async with running(ctl):
+    async with started(ctl):
         if interval:
             await eventually(lambda: ctl.guard.checks >= 3, timeout=3, what="periodic checks")
         else:
