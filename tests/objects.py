@@ -102,17 +102,18 @@ def workload(
             }
         }
         for t in ("QuotaReserved", "Admitted"):
-            conditions.append(_cond(t, "True", t))
+            conditions.append(condition(t, "True", t))
     if finished:
-        conditions.append(_cond("Finished", "True", "WorkloadSliceReplaced"))
+        conditions.append(condition("Finished", "True", "WorkloadSliceReplaced"))
     if evicted:
-        conditions.append(_cond("Evicted", "True", "Preempted"))
+        conditions.append(condition("Evicted", "True", "Preempted"))
     if conditions:
         wl.setdefault("status", {})["conditions"] = conditions
     return wl
 
 
-def _cond(kind: str, status: str, reason: str) -> dict[str, Any]:
+def condition(kind: str, status: str, reason: str) -> dict[str, Any]:
+    """A Workload condition as Kueue writes it."""
     return {
         "type": kind,
         "status": status,
@@ -149,6 +150,7 @@ __all__ = [
     "JOBS",
     "PODS",
     "WORKLOADS",
+    "condition",
     "controller_uid",
     "gates_of",
     "job_pod",
