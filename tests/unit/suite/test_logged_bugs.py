@@ -34,7 +34,7 @@ from ungater._model.config import Config
 from ungater._model.views import MalformedObject
 from ungater.plugin_api import hookimpl
 
-CONFTEST = Path(__file__).parents[1] / "conftest.py"
+CONFTEST = Path(__file__).parents[2] / "conftest.py"
 FIXTURE_FAILED = "a logged error hides a programming error"
 
 
@@ -167,7 +167,7 @@ SCENARIOS: dict[str, Callable[[BaseException], Awaitable[None]]] = {
 INNER = """
 import pytest
 
-from tests.unit.test_logged_bugs import SCENARIOS
+from tests.unit.suite.test_logged_bugs import SCENARIOS
 
 
 @pytest.fixture

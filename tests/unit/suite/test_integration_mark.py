@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-INTEGRATION_CONFTEST = Path(__file__).parents[1] / "integration" / "conftest.py"
+INTEGRATION_CONFTEST = Path(__file__).parents[2] / "integration" / "conftest.py"
 
 
 @pytest.fixture

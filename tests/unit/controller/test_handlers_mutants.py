@@ -225,7 +225,7 @@ async def test_a_raycluster_whose_size_changes_makes_room_for_its_rayjob() -> No
     import ungater_plugins.raycluster as raycluster_plugin
     import ungater_plugins.rayjob as rayjob_plugin
 
-    from tests.unit.test_plugin_rayjob import cluster_of, ray_owner
+    from tests.unit.podfactory import cluster_of, ray_owner
 
     clock = ManualClock()
     config = Config.model_validate(
@@ -326,7 +326,7 @@ def test_every_resource_is_watched_once_per_namespace_with_the_configured_watch_
 
 
 def test_workloads_of_a_kind_not_configured_or_of_no_owner_are_not_cached() -> None:
-    from tests.unit.test_plugin_rayjob import ray_owner
+    from tests.unit.podfactory import ray_owner
 
     ctl = controller()  # Job and JobSet only
     assert ctl.handlers.parse_workload(workload(job("train"), {"main": 1})) is not None

@@ -11,7 +11,7 @@ from typing import Any
 
 from ungater._observe.metrics import Metrics
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "deploy" / "helm" / "ungater"
 DASHBOARD = CHART / "dashboards" / "ungater.json"
 RULES = CHART / "templates" / "prometheusrule.yaml"

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from ungater._model.config import DEFAULT_GATE, DEFAULT_LEASE_NAMESPACE, Config, default_lease_name
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
 CHART = DEPLOY / "helm" / "ungater"
 MANIFESTS = DEPLOY / "manifests"

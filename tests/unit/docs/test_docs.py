@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from ungater._model.config import Config
 from ungater._plugins import hookspecs as hookspecs
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 
 
 def _hook_names() -> list[str]:
