@@ -41,12 +41,12 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit examples/ungater-leaderworkerset/tests -q
 
-# The randomized whole-controller world (tests/unit/test_controller_properties.py) over many
-# seeds, on its virtual clock: make world SEEDS=200 (under 1 s a seed on two cores). `make test`
-# runs its first 40. PYTHONHASHSEED fixed: a failing seed replays the same run.
+# The randomized whole-controller world (tests/unit/controller/test_controller_properties.py)
+# over many seeds, on its virtual clock: make world SEEDS=200 (under 1 s a seed on two cores).
+# `make test` runs its first 40. PYTHONHASHSEED fixed: a failing seed replays the same run.
 SEEDS ?= 200
 world: $(STAMP)
-	WORLD_SEEDS=$(SEEDS) PYTHONHASHSEED=0 $(BIN)/python -m pytest tests/unit/test_controller_properties.py -q
+	WORLD_SEEDS=$(SEEDS) PYTHONHASHSEED=0 $(BIN)/python -m pytest tests/unit/controller/test_controller_properties.py -q
 
 integration: control-plane helm
 	$(BIN)/python -m pytest tests/integration -q

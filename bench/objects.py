@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ungater._kube.client import PODS, Resource
+from ungater.testing import owner_ref
 
 __all__ = [
     "BENCH_LABEL",
@@ -62,17 +63,6 @@ def job_body(name: str, parallelism: int, run: str) -> dict[str, Any]:
                 }
             },
         },
-    }
-
-
-def owner_ref(obj: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": obj["apiVersion"],
-        "kind": obj["kind"],
-        "name": obj["metadata"]["name"],
-        "uid": obj["metadata"]["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
     }
 
 

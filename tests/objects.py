@@ -7,6 +7,7 @@ import copy
 from typing import Any
 
 from ungater._kube.client import PODS, Resource
+from ungater.testing import owner_ref
 
 GATE = "kueue.x-k8s.io/elastic-job"
 WORKLOADS = Resource("kueue.x-k8s.io", "v1beta2", "workloads", "Workload")
@@ -14,24 +15,19 @@ JOBS = Resource("batch", "v1", "jobs", "Job")
 RAYCLUSTERS = Resource("ray.io", "v1", "rayclusters", "RayCluster")
 
 
-def owner_ref(obj: dict[str, Any], controller: bool = True) -> dict[str, Any]:
-    return {
-        "apiVersion": obj["apiVersion"],
-        "kind": obj["kind"],
-        "name": obj["metadata"]["name"],
-        "uid": obj["metadata"]["uid"],
-        "controller": controller,
-        "blockOwnerDeletion": True,
-    }
-
-
 def job_pod(
-    owner: dict[str, Any], index: int, gates: list[str] | None = None, phase: str = "Pending"
+    owner: dict[str, Any],
+    index: int,
+    gates: list[str] | None = None,
+    phase: str = "Pending",
+    *,
+    uid: str | None = None,
 ) -> dict[str, Any]:
-    """A pod as the Job controller creates it for completion ``index`` of an Indexed Job."""
+    """A pod as the Job controller creates it for completion ``index`` of an Indexed Job
+    (``uid``: the pod's own, for tests that hand it to no API server, which would set one)."""
     name = owner["metadata"]["name"]
-    uid = owner["metadata"]["uid"]
-    return {
+    uid_label = owner["metadata"]["uid"]
+    pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -39,8 +35,8 @@ def job_pod(
             "generateName": f"{name}-{index}-",
             "namespace": owner["metadata"]["namespace"],
             "labels": {
-                "batch.kubernetes.io/controller-uid": uid,
-                "controller-uid": uid,
+                "batch.kubernetes.io/controller-uid": uid_label,
+                "controller-uid": uid_label,
                 "batch.kubernetes.io/job-name": name,
                 "job-name": name,
                 "batch.kubernetes.io/job-completion-index": str(index),
@@ -55,6 +51,9 @@ def job_pod(
         },
         "status": {"phase": phase},
     }
+    if uid is not None:
+        pod["metadata"]["uid"] = uid
+    return pod
 
 
 def workload(
@@ -103,17 +102,18 @@ def workload(
             }
         }
         for t in ("QuotaReserved", "Admitted"):
-            conditions.append(_cond(t, "True", t))
+            conditions.append(condition(t, "True", t))
     if finished:
-        conditions.append(_cond("Finished", "True", "WorkloadSliceReplaced"))
+        conditions.append(condition("Finished", "True", "WorkloadSliceReplaced"))
     if evicted:
-        conditions.append(_cond("Evicted", "True", "Preempted"))
+        conditions.append(condition("Evicted", "True", "Preempted"))
     if conditions:
         wl.setdefault("status", {})["conditions"] = conditions
     return wl
 
 
-def _cond(kind: str, status: str, reason: str) -> dict[str, Any]:
+def condition(kind: str, status: str, reason: str) -> dict[str, Any]:
+    """A Workload condition as Kueue writes it."""
     return {
         "type": kind,
         "status": status,
@@ -127,6 +127,14 @@ def gates_of(pod: dict[str, Any]) -> list[str]:
     return [g["name"] for g in (pod.get("spec") or {}).get("schedulingGates") or ()]
 
 
+def controller_uid(pod: dict[str, Any]) -> str:
+    """The UID of the pod's controller owner ("" when it has none)."""
+    for ref in pod["metadata"].get("ownerReferences") or ():
+        if ref.get("controller"):
+            return str(ref["uid"])
+    return ""
+
+
 def ungated(pods: list[dict[str, Any]], gate: str = GATE) -> list[dict[str, Any]]:
     return [p for p in pods if gate not in gates_of(p)]
 
@@ -137,4 +145,16 @@ def with_phase(pod: dict[str, Any], phase: str) -> dict[str, Any]:
     return out
 
 
-__all__ = ["GATE", "JOBS", "PODS", "WORKLOADS", "gates_of", "job_pod", "ungated", "workload"]
+__all__ = [
+    "GATE",
+    "JOBS",
+    "PODS",
+    "WORKLOADS",
+    "condition",
+    "controller_uid",
+    "gates_of",
+    "job_pod",
+    "owner_ref",
+    "ungated",
+    "workload",
+]

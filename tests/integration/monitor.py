@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 
 from tests.integration.k8s import Kube
-from tests.objects import GATE, PODS, gates_of
+from tests.objects import GATE, PODS, controller_uid, gates_of
 
 
 def live_released(pods: list[dict[str, Any]], gate: str = GATE) -> list[dict[str, Any]]:
@@ -28,13 +28,6 @@ def live_released(pods: list[dict[str, Any]], gate: str = GATE) -> list[dict[str
         and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
         and not p["metadata"].get("deletionTimestamp")
     ]
-
-
-def controller_uid(pod: dict[str, Any]) -> str:
-    for ref in pod["metadata"].get("ownerReferences") or ():
-        if ref.get("controller"):
-            return str(ref["uid"])
-    return ""
 
 
 class MonitorBroken(Exception):

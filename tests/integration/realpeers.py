@@ -24,7 +24,7 @@ import anyio
 import yaml
 
 from tests.integration.k8s import Kube
-from tests.objects import PODS, WORKLOADS, gates_of
+from tests.objects import PODS, WORKLOADS, controller_uid, gates_of
 from ungater._kube.client import Resource
 
 UNGATER_GATE = "example.com/ungater"
@@ -168,13 +168,6 @@ def is_live(pod: dict[str, Any]) -> bool:
 
 def released_by(pods: list[dict[str, Any]], gate: str) -> list[dict[str, Any]]:
     return [p for p in pods if is_live(p) and gate not in gates_of(p)]
-
-
-def controller_uid(pod: dict[str, Any]) -> str:
-    for ref in pod["metadata"].get("ownerReferences") or ():
-        if ref.get("controller"):
-            return str(ref["uid"])
-    return ""
 
 
 def kueue_pod_set(pod: dict[str, Any]) -> str:

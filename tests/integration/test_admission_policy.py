@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration.conftest import admit, config_for, create_workload, running_controller
 from tests.integration.k8s import Kube
+from tests.integration.support import admit, config_for, create_workload, running_controller
 from tests.integration.test_deploy import Admin, admin, helm  # noqa: F401  (fixtures)
 from tests.integration.test_jobs import make_job, released_indexes
 from tests.objects import GATE, PODS

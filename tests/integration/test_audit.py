@@ -15,8 +15,8 @@ import anyio
 import pytest
 import yaml
 
-from tests.integration.conftest import admit, config_for, create_workload
 from tests.integration.k8s import Kube
+from tests.integration.support import admit, config_for, create_workload
 from tests.integration.test_deploy import helm, render  # noqa: F401  (helm is a fixture)
 from tests.integration.test_jobs import index, make_job
 from tests.integration.test_release_blocked import events_with, observed_controller

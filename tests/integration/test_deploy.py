@@ -26,13 +26,13 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import admit, create_workload, running_controller
 from tests.integration.k8s import Kube
 from tests.integration.monitor import monitoring
+from tests.integration.support import admit, create_workload, running_controller
 from tests.integration.test_jobs import make_job, released_indexes
 from tests.objects import PODS, WORKLOADS
 from tests.polling import equals, eventually, holds_for
-from tests.unit.test_deploy_render import (
+from tests.unit.deploy.test_deploy_render import (
     CHART,
     CLUSTER_RULES,
     NAMESPACE,

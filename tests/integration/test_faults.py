@@ -14,15 +14,15 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.integration.conftest import (
+from tests.integration.k8s import Kube
+from tests.integration.monitor import monitoring
+from tests.integration.support import (
     admit,
     config_for,
     create_workload,
     finish,
     running_controller,
 )
-from tests.integration.k8s import Kube
-from tests.integration.monitor import monitoring
 from tests.integration.tcpproxy import kubeconfig_via, proxied
 from tests.integration.test_jobs import count_pods, make_job, released_indexes, scale
 from tests.integration.test_jobs import job_body as _job

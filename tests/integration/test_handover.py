@@ -9,8 +9,8 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.integration.conftest import admit, config_for, create_workload, evict, finish
 from tests.integration.k8s import Kube
+from tests.integration.support import admit, config_for, create_workload, evict, finish
 from tests.integration.test_jobs import make_job, released_indexes, scale
 from tests.integration.test_release_blocked import events_with, observed_controller
 from tests.polling import equals, eventually, holds_for

@@ -8,20 +8,20 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.integration.conftest import (
+from tests.integration.k8s import Kube
+from tests.integration.monitor import live_released, monitoring
+from tests.integration.support import (
     admit,
     config_for,
     create_workload,
     evict,
     finish,
-    owner_ref,
     running_controller,
 )
-from tests.integration.k8s import Kube
-from tests.integration.monitor import live_released, monitoring
 from tests.objects import GATE, JOBS, PODS, WORKLOADS, gates_of
 from tests.polling import equals, eventually, holds_for
 from ungater._kube.client import Resource
+from ungater.testing import owner_ref
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -222,9 +222,9 @@ async def test_not_admitted_evicted_or_finished_release_nothing(
 
 
 def _reserved() -> dict[str, Any]:
-    from tests.objects import _cond
+    from tests.objects import condition
 
-    return _cond("QuotaReserved", "True", "QuotaReserved")
+    return condition("QuotaReserved", "True", "QuotaReserved")
 
 
 async def test_foreign_pods_with_copied_labels_are_never_released(
@@ -350,12 +350,12 @@ async def test_malformed_workloads_are_skipped_and_others_work(
 
 
 async def set_admitted_without_admission(kube: Kube, ns: str, name: str) -> None:
-    from tests.objects import _cond
+    from tests.objects import condition
 
     await kube.merge_patch(
         WORKLOADS,
         ns,
         name,
-        {"status": {"conditions": [_cond("Admitted", "True", "Admitted")]}},
+        {"status": {"conditions": [condition("Admitted", "True", "Admitted")]}},
         "status",
     )

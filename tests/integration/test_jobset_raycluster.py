@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import admit, create_workload, owner_ref
 from tests.integration.k8s import JOBSETS, RAYCLUSTERS, Kube
 from tests.integration.monitor import live_released, monitoring
+from tests.integration.support import admit, create_workload
 from tests.integration.test_jobs import count_pods
 from tests.objects import GATE, JOBS, PODS, gates_of
 from tests.polling import equals, eventually, holds_for
+from ungater.testing import owner_ref
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

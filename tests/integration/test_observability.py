@@ -14,8 +14,8 @@ import yaml
 
 from tests.integration import test_deploy
 from tests.integration.test_deploy import render
-from tests.unit.test_deploy_render import by_kind, one
-from tests.unit.test_observability import DASHBOARD, dashboard_exprs
+from tests.unit.deploy.test_deploy_render import by_kind, one
+from tests.unit.deploy.test_observability import DASHBOARD, dashboard_exprs
 
 pytestmark = [pytest.mark.integration]
 

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import config_for, running_controller
 from tests.integration.k8s import Kube
 from tests.integration.realpeers import (
     KUEUE_GATE,
@@ -22,6 +21,7 @@ from tests.integration.realpeers import (
     released_by,
     slice_watch,
 )
+from tests.integration.support import config_for, running_controller
 from tests.objects import JOBS, PODS, WORKLOADS, gates_of
 from tests.polling import eventually
 from ungater_devtools.kueue_objects import queued_job

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import config_for, running_controller
 from tests.integration.k8s import JOBSETS, Kube
 from tests.integration.realpeers import KUEUE_GATE, UNGATER_GATE, kueue_pod_set, slice_watch
+from tests.integration.support import config_for, running_controller
 from tests.objects import PODS
 from tests.polling import eventually
 

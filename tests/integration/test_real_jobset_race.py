@@ -29,7 +29,6 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.integration.conftest import config_for, running_controller
 from tests.integration.k8s import JOBSETS, Kube
 from tests.integration.realpeers import (
     UNGATER_GATE,
@@ -38,6 +37,7 @@ from tests.integration.realpeers import (
     released_by,
     slice_watch,
 )
+from tests.integration.support import config_for, running_controller
 from tests.integration.test_real_jobset import jobset, jobset_uid, n_pods, scale, sizes
 from tests.objects import PODS, WORKLOADS, gates_of
 from tests.polling import eventually

@@ -28,10 +28,10 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.integration.conftest import admit, create_workload
 from tests.integration.httpproxy import http_proxy
 from tests.integration.k8s import Kube
 from tests.integration.monitor import monitoring
+from tests.integration.support import admit, create_workload
 from tests.integration.tcpproxy import kubeconfig_via
 from tests.integration.test_jobs import index, make_job
 from tests.objects import GATE, PODS, gates_of

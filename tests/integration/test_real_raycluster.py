@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import config_for, running_controller
 from tests.integration.k8s import RAYCLUSTERS, Kube
 from tests.integration.realpeers import (
     UNGATER_GATE,
@@ -23,6 +22,7 @@ from tests.integration.realpeers import (
     released_by,
     slice_watch,
 )
+from tests.integration.support import config_for, running_controller
 from tests.objects import PODS
 from tests.polling import eventually
 

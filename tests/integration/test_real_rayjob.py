@@ -19,7 +19,6 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.integration.conftest import config_for, running_controller
 from tests.integration.k8s import RAYCLUSTERS, Kube
 from tests.integration.realpeers import (
     KUEUE_GATE,
@@ -30,6 +29,7 @@ from tests.integration.realpeers import (
     kueue_pod_set,
     ray_cluster_spec,
 )
+from tests.integration.support import config_for, running_controller
 from tests.objects import PODS, WORKLOADS, gates_of
 from tests.polling import eventually
 from tests.seen import cache_holds, owner_key, reconciled, waiting

@@ -17,7 +17,6 @@ import anyio
 import pytest
 import yaml
 
-from tests.integration.conftest import config_for, running_controller
 from tests.integration.k8s import Kube
 from tests.integration.realpeers import (
     KUEUE_GATE,
@@ -26,6 +25,7 @@ from tests.integration.realpeers import (
     gate_policy_in_force,
     is_live,
 )
+from tests.integration.support import config_for, running_controller
 from tests.integration.test_real_jobs import index, job_size, pending_slice
 from tests.objects import JOBS, PODS, WORKLOADS, gates_of
 from tests.polling import eventually

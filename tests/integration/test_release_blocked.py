@@ -14,9 +14,9 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.integration.conftest import admit, config_for, create_workload
 from tests.integration.k8s import Kube
 from tests.integration.monitor import live_released
+from tests.integration.support import admit, config_for, create_workload
 from tests.integration.test_jobs import index, make_job
 from tests.objects import GATE, PODS
 from tests.polling import eventually, holds_for

@@ -20,14 +20,14 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.integration.conftest import admit, create_workload
 from tests.integration.k8s import Kube
 from tests.integration.monitor import monitoring
+from tests.integration.support import admit, create_workload
 from tests.integration.test_deploy import helm, render
 from tests.integration.test_jobs import make_job, released_indexes
 from tests.integration.test_leader_election import LEASES, Replica, is_leader
 from tests.polling import equals, eventually
-from tests.unit.test_deploy_render import one, rendered_config
+from tests.unit.deploy.test_deploy_render import one, rendered_config
 from ungater._model.config import Config
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]

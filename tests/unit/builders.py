@@ -19,6 +19,7 @@ from ungater._model.views import (
     parse_workload,
 )
 from ungater.plugin_api import ReleaseGroup
+from ungater.testing import owner_ref as ref_to
 
 GATE = "kueue.x-k8s.io/elastic-job"
 TOPOLOGY_GATE = "kueue.x-k8s.io/topology"
@@ -48,14 +49,10 @@ def condition(kind: str, status: str = "True", reason: str = "") -> dict[str, An
 def owner_ref(
     name: str = "job", uid: str = OWNER_UID, kind: str = "Job", api_version: str = "batch/v1"
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": api_version,
-        "kind": kind,
-        "name": name,
-        "uid": uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
+    """The controller reference to an owner given by its fields (default: the Job every
+    builder here belongs to)."""
+    owner = {"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "uid": uid}}
+    return ref_to(owner)
 
 
 def workload(

@@ -1,10 +1,11 @@
-"""The whole controller on the in-memory API server, as `ungater run` wires it: the real
-metrics (bound to the controller) and the real Event recorder, started and stopped with it."""
+"""The whole controller on the in-memory API server, started and stopped as `ungater run` does:
+one helper, so every test starts it the same way and a change to the start-up is made once."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import ungater_plugins.job as job_plugin
@@ -18,21 +19,66 @@ from ungater._plugins.registry import PluginRegistry
 
 
 @asynccontextmanager
-async def observed_controller(fake: FakeKube, config: Config) -> AsyncIterator[Controller]:
-    """The controller with the Job plugin, ``ctl.metrics`` and Events; ready when yielded."""
-    metrics = Metrics()
-    events = EventRecorder(fake, host="test")
-    registry = PluginRegistry.from_modules({"job": job_plugin})
-    ctl = Controller(config, fake, registry, metrics=metrics, events=events)
-    metrics.bind(ctl)
+async def running(
+    fake: FakeKube,
+    config: Config,
+    *,
+    plugins: Mapping[str, Any] | None = None,
+    observed: bool = False,
+    events: Any = None,
+    client: Any = None,
+    elector: Any = None,
+    grace: float | None = None,
+    clock: Any = None,
+) -> AsyncIterator[Controller]:
+    """The controller on ``fake``, ready (caches synced) when yielded, stopped and awaited when
+    the block ends.
+
+    ``plugins``: name -> plugin module (default: the built-in Job plugin). ``observed``: the real
+    metrics (bound to the controller, ``ctl.metrics``) and the real Event recorder on ``fake``,
+    run beside it, as `ungater run` wires them; ``events``: a recorder of the test's own
+    instead. ``client``: what the controller talks to, when not ``fake`` itself (a wrapper
+    that injects faults). ``elector``, ``grace`` and ``clock`` go to the controller as given.
+    """
+    registry = PluginRegistry.from_modules(dict(plugins or {"job": job_plugin}))
+    metrics = Metrics() if observed else None
+    recorder = EventRecorder(fake, host="test") if observed else None
+    extra: dict[str, Any] = {"clock": clock} if clock is not None else {}
+    ctl = Controller(
+        config,
+        client if client is not None else fake,
+        registry,
+        metrics=metrics,
+        events=recorder if recorder is not None else events,
+        **extra,
+    )
+    if metrics is not None:
+        metrics.bind(ctl)
+    async with anyio.create_task_group() as tg:
+        if recorder is not None:
+            tg.start_soon(recorder.run)
+        try:
+            async with started(ctl, elector=elector, grace=grace):
+                yield ctl
+        finally:
+            if recorder is not None:
+                await recorder.close(1.0)
+
+
+@asynccontextmanager
+async def started(
+    ctl: Controller, *, elector: Any = None, grace: float | None = None
+) -> AsyncIterator[anyio.Event]:
+    """``ctl.run`` in the background, ready when yielded, stopped and awaited when the block
+    ends; yields the stop event, for a test that stops it mid-block (``running`` without the
+    building, for a controller the test built and changed itself)."""
+    run_args: tuple[Any, ...] = (elector,) if grace is None else (elector, grace)
     stop = anyio.Event()
     async with anyio.create_task_group() as tg:
-        tg.start_soon(events.run)
-        tg.start_soon(ctl.run, stop)
+        tg.start_soon(ctl.run, stop, *run_args)
         with anyio.fail_after(5):
             await ctl.ready.wait()
         try:
-            yield ctl
+            yield stop
         finally:
             stop.set()
-            await events.close(1.0)

@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ungater._decide.assess import pod_facts
 from ungater._decide.decision import PodFacts
-from ungater._model.views import ObjectRef, ObjectView, parse_object, parse_pod
+from ungater._model.views import ObjectView, parse_object, parse_pod
 from ungater._plugins.registry import KindHandler
+
+# ownerReferences, the owner as hooks get it and reproducible UIDs: the plugin kit's builders
+from ungater.testing import new_uid, owner_ref, ref_of
 
 Obj = dict[str, Any]
 
@@ -46,40 +48,17 @@ def ts(seconds: float = 0) -> str:
     return (_EPOCH + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def uid_for(*parts: str) -> str:
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, "/".join(parts)))
-
-
 def suffix(*parts: str, length: int = 5) -> str:
     """A random-looking but reproducible generateName suffix."""
     digest = hashlib.sha256("/".join(parts).encode()).digest()
     return "".join(_ALPHABET[b % len(_ALPHABET)] for b in digest[:length])
 
 
-def controller_ref(owner: Mapping[str, Any]) -> Obj:
-    """The ownerReference controllers set (``SetControllerReference`` / ``NewControllerRef``)."""
-    meta = owner["metadata"]
-    return {
-        "apiVersion": owner["apiVersion"],
-        "kind": owner["kind"],
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def ref(obj: Mapping[str, Any]) -> ObjectRef:
-    """The owner as the core hands it to hooks (the Workload's controller reference)."""
-    meta = obj["metadata"]
-    return ObjectRef(obj["apiVersion"], obj["kind"], meta["name"], meta["uid"], controller=True)
-
-
 def _meta(kind: str, name: str, namespace: str, created: float, **extra: Any) -> Obj:
     meta: Obj = {
         "name": name,
         "namespace": namespace,
-        "uid": uid_for(kind, namespace, name),
+        "uid": new_uid(kind, namespace, name),
         "resourceVersion": str(1000 + int(created * 10)),
         "generation": 1,
         "creationTimestamp": ts(created),
@@ -115,7 +94,7 @@ def _pod(
         generateName=generate_name,
         labels=dict(labels),
         annotations=dict(annotations),
-        ownerReferences=[controller_ref(owner)],
+        ownerReferences=[owner_ref(owner)],
     )
     del meta["generation"]
     if finalizers:
@@ -201,15 +180,15 @@ def strip_owner(pod: Mapping[str, Any]) -> Obj:
     meta = out["metadata"]
     meta.pop("ownerReferences", None)
     meta["name"] = "impostor-" + meta["name"]
-    meta["uid"] = uid_for("impostor", meta["name"])
+    meta["uid"] = new_uid("impostor", meta["name"])
     return out
 
 
 def reown(pod: Mapping[str, Any], owner: Mapping[str, Any]) -> Obj:
     """The same pod with its controller reference pointing at ``owner`` instead."""
     out = copy.deepcopy(dict(pod))
-    out["metadata"]["ownerReferences"] = [controller_ref(owner)]
-    out["metadata"]["uid"] = uid_for("reowned", out["metadata"]["name"])
+    out["metadata"]["ownerReferences"] = [owner_ref(owner)]
+    out["metadata"]["uid"] = new_uid("reowned", out["metadata"]["name"])
     return out
 
 
@@ -240,7 +219,7 @@ def job(
         job_annotations[ELASTIC] = "true"
     meta = _meta("Job", name, namespace, created, labels=job_labels, annotations=job_annotations)
     if owner is not None:
-        meta["ownerReferences"] = [controller_ref(owner)]
+        meta["ownerReferences"] = [owner_ref(owner)]
     uid = meta["uid"]
     selector = {
         "batch.kubernetes.io/controller-uid": uid,
@@ -448,7 +427,7 @@ def raycluster(
         annotations={ELASTIC: "true"},
     )
     if owner is not None:
-        meta["ownerReferences"] = [controller_ref(owner)]
+        meta["ownerReferences"] = [owner_ref(owner)]
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayCluster",
@@ -585,7 +564,7 @@ def workload(
         created,
         labels={"kueue.x-k8s.io/job-uid": meta_owner["uid"]},
         annotations=annotations,
-        ownerReferences=[controller_ref(owner)],
+        ownerReferences=[owner_ref(owner)],
     )
     conditions: list[Obj] = []
     status: Obj = {"conditions": conditions}
@@ -642,7 +621,7 @@ def facts(
     intermediates: Iterable[Mapping[str, Any]] = (),
 ) -> list[PodFacts]:
     """What the controller computes for one reconcile: the plugin's answers for every pod."""
-    return pod_facts(handler, ref(owner), [parse_pod(p) for p in pods], objects(*intermediates))
+    return pod_facts(handler, ref_of(owner), [parse_pod(p) for p in pods], objects(*intermediates))
 
 
 def names(pods: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -659,7 +638,7 @@ def ray_owner(kind: str, name: str, workers: int = 2) -> dict[str, Any]:
         "metadata": {
             "name": name,
             "namespace": NAMESPACE,
-            "uid": uid_for(kind, NAMESPACE, name),
+            "uid": new_uid(kind, NAMESPACE, name),
             "resourceVersion": "900",
             "creationTimestamp": "2026-01-01T00:00:00Z",
             "labels": {"kueue.x-k8s.io/queue-name": "user-queue"},

@@ -1,0 +1,135 @@
+"""Helpers of the integration tests: the controller in-process on the real API server, and
+Kueue's part on Workloads played by hand. Fixtures stay in conftest.py."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+
+from tests.integration.k8s import Kube
+from tests.objects import WORKLOADS, condition
+from ungater._controller.controller import Controller
+from ungater._kube.adapter import connect
+from ungater._model.config import Config
+from ungater._plugins.registry import PluginRegistry
+from ungater.testing import owner_ref
+
+# -- the controller in-process ---------------------------------------------------------------
+
+
+def config_for(namespace: str, **overrides: Any) -> Config:
+    raw: dict[str, Any] = {
+        "namespaces": [namespace],
+        # these tests play Kueue (or run it with a gate of ungater's own): ungater is the only
+        # releaser, and the default auto would only audit Kueue's gate without the policy
+        "mode": "release",
+        "expectationsTimeoutSeconds": 5,
+        "watch": {"backoffInitialSeconds": 0.05, "backoffMaxSeconds": 1, "silenceSeconds": 30},
+    }
+    raw.update(overrides)
+    return Config.model_validate(raw)
+
+
+@asynccontextmanager
+async def running_controller(
+    kubeconfig: Any, config: Config, wrap: Callable[[Any], Any] | None = None
+) -> AsyncIterator[Controller]:
+    """The controller in-process, stopped (and awaited) on exit."""
+    client = await connect(kubeconfig, qps=config.client.qps, burst=config.client.burst)
+    ctl = Controller(config, wrap(client) if wrap else client, PluginRegistry.discover())
+    stop = anyio.Event()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ctl.run, stop)
+            with anyio.fail_after(30):
+                await ctl.ready.wait()
+            try:
+                yield ctl
+            finally:
+                stop.set()
+    finally:
+        await client.close()
+
+
+# -- playing Kueue ---------------------------------------------------------------------------
+
+
+async def create_workload(
+    kube: Kube,
+    owner: dict[str, Any],
+    name: str,
+    pod_sets: dict[str, int],
+    *,
+    replaces: str | None = None,
+    slice_name: str | None = None,
+    elastic: bool = True,
+) -> dict[str, Any]:
+    ns = owner["metadata"]["namespace"]
+    annotations = {"kueue.x-k8s.io/workload-slice-name": slice_name or name}
+    if elastic:
+        annotations["kueue.x-k8s.io/elastic-job"] = "true"
+    if replaces:
+        annotations["kueue.x-k8s.io/workload-slice-replacement-for"] = f"{ns}/{replaces}"
+    body = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {
+            "name": name,
+            "annotations": annotations,
+            "labels": {"kueue.x-k8s.io/job-uid": owner["metadata"]["uid"]},
+            "ownerReferences": [owner_ref(owner)],
+        },
+        "spec": {
+            "queueName": "user-queue",
+            "podSets": [
+                {
+                    "name": ps,
+                    "count": n,
+                    "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}},
+                }
+                for ps, n in pod_sets.items()
+            ],
+        },
+    }
+    return await kube.create(WORKLOADS, ns, body)
+
+
+async def admit(kube: Kube, ns: str, name: str, counts: dict[str, int | None]) -> dict[str, Any]:
+    """Write status as Kueue's scheduler does on admission (QuotaReserved, then Admitted)."""
+    assignments = []
+    for ps, n in counts.items():
+        a: dict[str, Any] = {"name": ps, "flavors": {"cpu": "default"}}
+        if n is not None:
+            a["count"] = n
+        assignments.append(a)
+    status = {
+        "admission": {"clusterQueue": "cluster-queue", "podSetAssignments": assignments},
+        "conditions": [
+            condition("QuotaReserved", "True", "QuotaReserved"),
+            condition("Admitted", "True", "Admitted"),
+        ],
+    }
+    return await kube.merge_patch(WORKLOADS, ns, name, {"status": status}, "status")
+
+
+async def set_conditions(kube: Kube, ns: str, name: str, *conds: dict[str, Any]) -> dict[str, Any]:
+    wl = await kube.get(WORKLOADS, ns, name)
+    assert wl is not None
+    existing = {c["type"]: c for c in (wl.get("status") or {}).get("conditions") or []}
+    existing.update({c["type"]: c for c in conds})
+    return await kube.merge_patch(
+        WORKLOADS, ns, name, {"status": {"conditions": list(existing.values())}}, "status"
+    )
+
+
+async def finish(
+    kube: Kube, ns: str, name: str, reason: str = "WorkloadSliceReplaced"
+) -> dict[str, Any]:
+    return await set_conditions(kube, ns, name, condition("Finished", "True", reason))
+
+
+async def evict(kube: Kube, ns: str, name: str) -> dict[str, Any]:
+    return await set_conditions(kube, ns, name, condition("Evicted", "True", "Preempted"))

@@ -1,0 +1,363 @@
+"""The four ways a correct-looking controller released more than its cap (issue 26), one test
+each, every one written to fail on the code before its fix.
+
+1. A new leader decided on a standby cache whose pod watch lagged: it never saw the pod the old
+   leader had just released, and released another.
+2. A patch whose client gave up (a timeout) landed later, after the pod had been counted as
+   gated again and another pod released in its place.
+3. An owner shrank by deleting *gated* pods, Kueue lowered its slice in place, and the owner grew
+   back before the Workload watch showed the lowering: the old, larger count was used.
+4. An owner whose size the plugin could not read was bounded by the slice alone.
+
+Each test checks the invariant over the API server's whole history, in resourceVersion order:
+no moment, not only the end, may show more live released pods than the cap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import pytest
+import ungater_plugins.job as job_plugin
+
+from tests.fakekube import FakeKube
+from tests.lagging import Lagging
+from tests.objects import JOBS, WORKLOADS
+from tests.polling import eventually, holds_for
+from tests.unit.harness import running
+from tests.unit.podfactory import GATE, NAMESPACE, job, job_pod, workload
+from ungater._decide.indexes import OwnerKey
+from ungater._kube.client import PODS, ApiError
+from ungater._model.config import Config
+from ungater.plugin_api import hookimpl
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def config(**extra: Any) -> Config:
+    return Config.model_validate(
+        {
+            "kinds": [{"group": "batch", "kind": "Job"}],
+            "mode": "release",
+            "expectationsTimeoutSeconds": 0.2,
+            "watch": {"backoffInitialSeconds": 0.01, "backoffMaxSeconds": 0.05},
+            **extra,
+        }
+    )
+
+
+def _live_released(pod: Mapping[str, Any]) -> bool:
+    gates = [g["name"] for g in pod["spec"].get("schedulingGates") or []]
+    return (
+        GATE not in gates
+        and pod["status"]["phase"] not in ("Succeeded", "Failed")
+        and not pod["metadata"].get("deletionTimestamp")
+    )
+
+
+def peak_live_released(fake: FakeKube) -> int:
+    """The most live released pods at any moment of the fake's history (resourceVersion order)."""
+    now: dict[str, bool] = {}
+    peak = 0
+    for _rv, rkey, _ns, etype, obj, _old in fake.history:
+        if rkey != ("", "pods"):
+            continue
+        uid = obj["metadata"]["uid"]
+        now[uid] = etype != "DELETED" and _live_released(obj)
+        peak = max(peak, sum(now.values()))
+    return peak
+
+
+def live_released(fake: FakeKube) -> int:
+    return sum(_live_released(p) for p in fake.items(PODS, NAMESPACE))
+
+
+# -- 1. leader hand-over onto a lagging standby ---------------------------------------------------
+
+
+@dataclass
+class _Term:
+    number: int
+    lost: anyio.Event
+    resource_version: str
+
+
+class HandOver:
+    """A stand-in elector: the replica leads from ``go`` on, its term starting at the
+    resourceVersion the fake is at then (as the Lease write that acquired it would be)."""
+
+    def __init__(self, fake: FakeKube) -> None:
+        self.fake = fake
+        self.is_leader = False
+        self.go = anyio.Event()
+
+    async def run_while_leading(self, fn: Any) -> None:
+        await self.go.wait()
+        self.is_leader = True
+        await fn(_Term(1, anyio.Event(), str(self.fake.rv)))
+
+
+@pytest.mark.anyio
+async def test_a_new_leader_on_a_lagging_cache_does_not_release_past_the_old_leaders_release() -> (
+    None
+):
+    fake = FakeKube()
+    j = fake.put(JOBS, job("train", parallelism=2, completions=2))
+    fake.put(PODS, job_pod(j, index=1, created=2))
+    standby_client = Lagging(fake)
+    standby_elector = HandOver(fake)
+    async with running(standby_client, config(), elector=standby_elector) as standby:
+        held = standby_client.hold("pods")  # the standby's pod watch goes quiet from here
+        async with running(fake, config()) as leader:
+            fake.put(PODS, job_pod(j, index=0, created=1))
+            wl = fake.put(WORKLOADS, workload(j, {"main": 2}, admitted={"main": 1}))
+            await eventually(lambda: live_released(fake) == 1, what="the leader's release")
+            assert leader.stats.released == 1
+        # the leader is gone; the standby takes over with a cache that never saw pod 0
+        key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
+        assert len(standby.kinds[next(iter(standby.kinds))].pods) == 1
+        before = standby.stats.reconciles
+        standby_elector.go.set()
+        await eventually(
+            lambda: standby.stats.reconciles > before and key in standby.decisions,
+            what="the new leader decided for the Job",
+        )
+        await holds_for(lambda: live_released(fake) == 1, 0.3, what="cap 1 after the hand-over")
+        held.set()
+        await holds_for(lambda: live_released(fake) == 1, 0.3, what="cap 1 once caught up")
+        assert peak_live_released(fake) == 1
+        # the old leader's release is not someone else's
+        assert standby.stats.foreign_releases == 0
+        assert wl["metadata"]["name"] in str(standby.decisions[key].active_slice)
+        reads = standby.stats.proof_reads
+        assert reads >= 1
+        # once every cache has seen past the term's start, no owner needs a proof any more
+        other = fake.put(JOBS, job("eval", parallelism=1, completions=1))
+        fake.put(PODS, job_pod(other, index=0, created=3))
+        fake.put(WORKLOADS, workload(other, {"main": 1}, admitted={"main": 1}))
+        await eventually(lambda: live_released(fake) == 2, what="the second Job's pod")
+        assert standby.stats.proof_reads == reads
+
+
+# -- 2. a patch that lands after the client gave up ----------------------------------------------
+
+
+class LatePatches:
+    """A client whose patches of the named pods time out on the client's side and land later
+    (``delay`` s after they were sent), as an API server can commit a write after it answered
+    504 or after the client stopped waiting."""
+
+    def __init__(self, inner: FakeKube, names: set[str], delay: float) -> None:
+        self.inner = inner
+        self.names = names
+        self.delay = delay
+        self.landed: list[str] = []
+        self.refused_late: list[str] = []
+        self.landing = ""  # the pod whose late patch is being applied now
+        self._tg: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def json_patch(self, resource: Any, namespace: Any, name: str, ops: Any) -> Any:
+        if name not in self.names:
+            return await self.inner.json_patch(resource, namespace, name, ops)
+        self.names.discard(name)
+        assert self._tg is not None
+
+        async def land() -> None:
+            await anyio.sleep(self.delay)
+            self.landing = name
+            try:
+                await self.inner.json_patch(resource, namespace, name, ops)
+                self.landed.append(name)
+            except ApiError:
+                self.refused_late.append(name)
+
+        self._tg.start_soon(land)
+        raise TimeoutError("the client gave up waiting (fake)")
+
+
+@pytest.mark.anyio
+async def test_a_patch_that_lands_after_a_timeout_is_counted_until_it_can_no_longer_land() -> None:
+    fake = FakeKube()
+    j = fake.put(JOBS, job("train", parallelism=2, completions=2))
+    idx1 = fake.put(PODS, job_pod(j, index=1, created=2))
+    client = LatePatches(fake, {idx1["metadata"]["name"]}, delay=1.0)
+    async with anyio.create_task_group() as landings:
+        client._tg = landings
+        async with running(client, config()) as ctl:
+            fake.put(WORKLOADS, workload(j, {"main": 2}, admitted={"main": 1}))
+            await eventually(lambda: ctl.stats.patch_errors == 1, what="the timed-out patch")
+            # a pod that comes first in order appears; the expectation of the timed-out patch
+            # expires (expectationsTimeoutSeconds) while the pod still looks gated
+            fake.put(PODS, job_pod(j, index=0, created=1))
+            await anyio.sleep(1.2)  # the first patch's late landing has come and gone
+            await eventually(lambda: live_released(fake) == 1, what="one pod released")
+            await holds_for(lambda: live_released(fake) == 1, 0.3, what="cap 1")
+    assert peak_live_released(fake) == 1
+    # the late write either landed before anything else was released, or was made unable to
+    assert len(client.landed) + len(client.refused_late) == 1
+
+
+# -- 3. a shrink whose victims were gated pods ---------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_shrink_that_deletes_gated_pods_fences_the_slice() -> None:
+    fake = FakeKube()
+    client = Lagging(fake)
+    j = fake.put(JOBS, job("train", parallelism=4, completions=4))
+    pods = [fake.put(PODS, job_pod(j, index=i, created=1 + i)) for i in range(4)]
+    refused = {p["metadata"]["name"] for p in pods[2:]}
+
+    def webhook(namespace: str, name: str) -> None:  # refuses pods 2 and 3 for good
+        if name in refused:
+            raise ApiError(403, 'admission webhook "deny.example" denied the request: no')
+
+    fake.before_patch = webhook
+    cfg = config(releaseBlocked={"initialBackoffSeconds": 60, "maxBackoffSeconds": 60})
+    async with running(client, cfg) as ctl:
+        wl = fake.put(WORKLOADS, workload(j, {"main": 4}, admitted={"main": 4}))
+        await eventually(lambda: live_released(fake) == 2, what="pods 0 and 1 released")
+        await eventually(lambda: ctl.stats.patch_blocked == 2, what="pods 2 and 3 refused")
+        held_jobs, held_wls = client.hold("jobs"), client.hold("workloads")
+        # the Job shrinks to 2, its controller deletes the gated pods, Kueue lowers the slice
+        fake.put(JOBS, {**j, "spec": {**j["spec"], "parallelism": 2}})
+        for p in pods[2:]:
+            fake.delete(PODS, NAMESPACE, p["metadata"]["name"])
+        lowered = fake.read(WORKLOADS, NAMESPACE, wl["metadata"]["name"]) or {}
+        lowered["spec"]["podSets"][0]["count"] = 2
+        fake.put(WORKLOADS, lowered)
+        # ... and grows back to 4 before our Job and Workload watches show any of it
+        fake.put(JOBS, {**j, "spec": {**j["spec"], "parallelism": 4}})
+        fake.before_patch = None
+        for i in (4, 5):
+            fake.put(PODS, job_pod(j, index=i - 2, created=10 + i, seed="again"))
+        key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
+        await eventually(
+            lambda: len(ctl.decisions[key].pod_sets[0].waiting) >= 2,
+            what="the new pods decided on",
+        )
+        await holds_for(lambda: live_released(fake) == 2, 0.4, what="cap 2 of the lowered slice")
+        held_jobs.set()
+        held_wls.set()
+        await holds_for(lambda: live_released(fake) == 2, 0.3, what="cap 2 once caught up")
+    assert peak_live_released(fake) == 2
+
+
+@pytest.mark.anyio
+async def test_an_owner_that_shrank_and_grew_back_with_no_pod_deleted_fences_the_slice() -> None:
+    """The Job shrinks 4 -> 2 before its controller made pods 2 and 3 (no pod goes), Kueue
+    lowers the slice in place, and the Job grows back: the owner watch shows both changes, the
+    Workload watch neither. The owner's change alone must fence the slice."""
+    fake = FakeKube()
+    client = Lagging(fake)
+    j = fake.put(JOBS, job("train", parallelism=4, completions=4))
+    for i in range(2):
+        fake.put(PODS, job_pod(j, index=i, created=1 + i))
+    async with running(client, config()) as ctl:
+        wl = fake.put(WORKLOADS, workload(j, {"main": 4}, admitted={"main": 4}))
+        await eventually(lambda: live_released(fake) == 2, what="pods 0 and 1 released")
+        held = client.hold("workloads")
+        fake.put(JOBS, {**j, "spec": {**j["spec"], "parallelism": 2}})
+        lowered = fake.read(WORKLOADS, NAMESPACE, wl["metadata"]["name"]) or {}
+        lowered["spec"]["podSets"][0]["count"] = 2
+        fake.put(WORKLOADS, lowered)
+        grown = fake.put(JOBS, {**j, "spec": {**j["spec"], "parallelism": 4}})
+        key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
+        await eventually(
+            lambda: ctl.state.owner_rv.get(key.uid) == int(grown["metadata"]["resourceVersion"]),
+            what="the owner watch showed the Job grown back",
+        )
+        for i in (2, 3):
+            fake.put(PODS, job_pod(j, index=i, created=10 + i))
+        await eventually(
+            lambda: len(ctl.decisions[key].pod_sets[0].waiting) == 2, what="pods 2, 3 decided"
+        )
+        await holds_for(lambda: live_released(fake) == 2, 0.4, what="cap 2 of the lowered slice")
+        held.set()
+    assert peak_live_released(fake) == 2
+
+
+# -- 4. an owner whose size cannot be read -------------------------------------------------------
+
+
+class _BrokenSize:
+    """The Job plugin, except that reading a Job's size raises (a plugin bug)."""
+
+    @staticmethod
+    @hookimpl
+    def ungater_owner_facts(owner_object: Mapping[str, Any]) -> Mapping[str, Any]:
+        raise ValueError("cannot read this Job")
+
+
+@pytest.mark.injects(ValueError, reason="the plugin's owner_facts hook raises it")
+@pytest.mark.anyio
+async def test_an_owner_whose_size_cannot_be_read_releases_nothing() -> None:
+    fake = FakeKube()
+    j = fake.put(JOBS, job("train", parallelism=1, completions=1))
+    for i in range(2):
+        fake.put(PODS, job_pod(j, index=i, created=1 + i))
+    async with running(fake, config(), plugins={"job": _Merged()}) as ctl:
+        # a slice still admitting 2 while the Job wants 1 (a scale-down Kueue has not seen)
+        fake.put(WORKLOADS, workload(j, {"main": 2}, admitted={"main": 2}))
+        key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
+        await eventually(lambda: key in ctl.decisions, what="a decision for the Job")
+        await holds_for(lambda: live_released(fake) == 0, 0.3, what="nothing released")
+        report = ctl.decisions[key].pod_sets[0]
+        assert report.cap == 0
+        assert "size" in report.problem and "cannot read this Job" in report.problem
+        assert ctl.stats.plugin_errors >= 1
+
+
+class _Merged:
+    """The Job plugin's hooks with ``_BrokenSize``'s owner facts in place of its own."""
+
+    def __init__(self) -> None:
+        for name in dir(job_plugin):
+            if name.startswith("ungater_") and name != "ungater_owner_facts":
+                setattr(self, name, getattr(job_plugin, name))
+        self.ungater_owner_facts = _BrokenSize.ungater_owner_facts
+
+
+@pytest.mark.anyio
+async def test_an_unanswered_release_whose_fence_is_refused_stays_in_flight() -> None:
+    """As above, but a policy refuses the fence (our annotation) for good: the timed-out
+    release can still land at any time, so it keeps its slot, and the pod that comes first in
+    order waits instead of being released beside it."""
+    fake = FakeKube()
+    j = fake.put(JOBS, job("train", parallelism=2, completions=2))
+    idx1 = fake.put(PODS, job_pod(j, index=1, created=2))
+    client = LatePatches(fake, {idx1["metadata"]["name"]}, delay=1.5)
+    fences: list[str] = []
+
+    def policy(namespace: str, name: str) -> None:
+        if name == idx1["metadata"]["name"] and client.landing != name:
+            fences.append(name)
+            raise ApiError(403, "pods is forbidden: annotations are managed by the platform")
+
+    async with anyio.create_task_group() as landings:
+        client._tg = landings
+        async with running(client, config()) as ctl:
+            fake.put(WORKLOADS, workload(j, {"main": 2}, admitted={"main": 1}))
+            await eventually(lambda: ctl.stats.patch_errors == 1, what="the timed-out patch")
+            fake.before_patch = policy
+            fake.put(PODS, job_pod(j, index=0, created=1))
+            await eventually(lambda: len(fences) >= 1, what="a fence refused")
+            key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
+            await eventually(
+                lambda: key in ctl.decisions and ctl.decisions[key].pod_sets[0].in_flight == 1,
+                what="a decision counting the unanswered release",
+            )
+            assert live_released(fake) == 0
+            await eventually(lambda: client.landed, timeout=5, what="the late landing")
+            fake.before_patch = None
+            await holds_for(lambda: live_released(fake) == 1, 0.5, what="cap 1")
+    assert peak_live_released(fake) == 1
