@@ -135,3 +135,11 @@ def test_a_forbidden_import_breaks_its_contract(tree: Path, contract: str) -> No
     finally:
         target.write_text(original)
     assert broken.returncode != 0 and "BROKEN" in broken.stdout, broken.stdout + broken.stderr
+
+
+def test_the_unit_tests_have_a_folder_for_each_runtime_folder() -> None:
+    tests = {p.parent.name for p in (ROOT / "tests" / "unit").glob("*/__init__.py")}
+    missing = sorted(f for f in _folders() if f.lstrip("_") not in tests)
+    assert not missing, f"tests/unit/ has no folder for {missing}"
+    loose = sorted(p.name for p in (ROOT / "tests" / "unit").glob("test_*.py"))
+    assert not loose, f"unit tests outside a folder: {loose}"
