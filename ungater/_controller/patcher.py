@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 
 import anyio
 
 from ungater._controller.notices import Notices
 from ungater._controller.state import KindRuntime, State, resource_version_number
 from ungater._decide.decision import Release
-from ungater._decide.patches import release_patch
+from ungater._decide.patches import release_patch, resend
 from ungater._decide.refusals import (
     BLOCKED,
     CONFLICT,
@@ -28,7 +29,7 @@ from ungater._decide.refusals import (
     server_message,
 )
 from ungater._kube.client import PODS, ApiError
-from ungater._model.views import parse_pod
+from ungater._model.views import MalformedObject, PodView, parse_pod
 
 __all__ = ["BLOCKED", "CONFLICT", "DELETING", "ERROR", "GONE", "RELEASED", "SKIPPED", "Patcher"]
 
@@ -45,6 +46,8 @@ class Patcher:
         self.s = state
         self.notices = notices
         self._slots = anyio.Semaphore(state.config.client.patch_concurrency)
+        # pods read after a refusal that could not be resent, until check_foreign_release
+        self._refused_at: dict[str, PodView] = {}
 
     async def release_all(
         self, releases: Sequence[Release], rt: KindRuntime | None = None
@@ -66,6 +69,36 @@ class Patcher:
         return outcomes
 
     async def release(self, r: Release) -> str:
+        outcome = await self._send(r)
+        if outcome == CONFLICT:
+            again = await self._resendable(r)
+            if again is not None:  # once: a second refusal goes back to the decision
+                self.s.stats.patch_resent += 1
+                outcome = await self._send(again)
+        return outcome
+
+    async def _resendable(self, r: Release) -> Release | None:
+        """After a refusal: the same release on the pod as the server has it now, if only its
+        version and other writers' gates changed (``patches.resend``). The pod read is kept
+        for ``check_foreign_release``, which would read it again."""
+        s = self.s
+        try:
+            obj = await s.client.get(PODS, r.pod.namespace, r.pod.name)
+            fresh = parse_pod(obj) if obj is not None else None
+        except (ApiError, OSError, TimeoutError, MalformedObject):
+            return None
+        if fresh is None or fresh.uid != r.pod.uid:
+            return None
+        again = resend(r, fresh)
+        if again is None:
+            self._refused_at[r.pod.uid] = fresh
+            return None
+        u = s.uncertain.get(r.pod.uid)
+        if u is not None:  # the refused patch never lands; the one resent may
+            s.uncertain[r.pod.uid] = replace(u, resource_version=fresh.resource_version)
+        return again
+
+    async def _send(self, r: Release) -> str:
         outcome = await self._release_once(r)
         if self.s.metrics is not None:
             self.s.metrics.observe_patch(outcome)
@@ -113,11 +146,13 @@ class Patcher:
 
     async def check_foreign_release(self, r: Release, rt: KindRuntime) -> None:
         """Our guarded patch was refused: if the gate is gone, another writer released the pod."""
+        view = self._refused_at.pop(r.pod.uid, None)
         if r.pod.uid in self.s.foreign_seen or r.pod.uid in self.s.written:
             return  # reported already, or the gate went by an earlier write of ours
-        fresh = await self.s.client.get(PODS, r.pod.namespace, r.pod.name)
-        if fresh is None:
-            return
-        view = parse_pod(fresh)
+        if view is None:
+            fresh = await self.s.client.get(PODS, r.pod.namespace, r.pod.name)
+            if fresh is None:
+                return
+            view = parse_pod(fresh)
         if view.uid == r.pod.uid and not view.has_gate(r.gate):
             self.notices.foreign_release(view, rt)

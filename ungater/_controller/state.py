@@ -96,6 +96,7 @@ class Stats:
     plugin_errors: int = 0
     released: int = 0
     patch_conflicts: int = 0
+    patch_resent: int = 0  # refused releases sent again on the pod as it is now
     patch_gone: int = 0
     patch_errors: int = 0
     patch_blocked: int = 0

@@ -13,11 +13,13 @@ outcome is unknown, it settles for good whether the release can still land.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ungater._decide.decision import Release
+from ungater._model.views import PodView
 
-__all__ = ["FENCE_ANNOTATION", "fence_patch", "release_patch"]
+__all__ = ["FENCE_ANNOTATION", "fence_patch", "release_patch", "resend"]
 
 #: Written by ``fence_patch``: its value is the resourceVersion whose late release it fences.
 FENCE_ANNOTATION = "ungater.dev/release-fence"
@@ -74,3 +76,22 @@ def fence_patch(resource_version: str, has_annotations: bool) -> list[dict[str, 
         return [test, {"op": "add", "path": path, "value": resource_version}]
     value = {FENCE_ANNOTATION: resource_version}
     return [test, {"op": "add", "path": "/metadata/annotations", "value": value}]
+
+
+def resend(release: Release, fresh: PodView) -> Release | None:
+    """The same release on ``fresh`` (the pod read after the API server refused the patch),
+    when nothing the decision read has changed but the resourceVersion and the gates of other
+    writers; None when the pod must be decided on again.
+
+    Two releasers of two gates on one pod (Kueue's and ours) refuse each other's first patch
+    whenever they patch it at once: re-deciding after a backoff would cost a reconcile for a
+    change no decision reads. Anything else (labels, annotations, phase, deletion, our gate
+    gone, another pod by that name) goes back to the decision.
+    """
+    decided = release.pod
+    if release.gate not in fresh.gates or fresh.deleting or fresh.terminal:
+        return None
+    same = replace(fresh, resource_version=decided.resource_version, gates=decided.gates)
+    if same != decided:
+        return None
+    return replace(release, pod=fresh, gate_index=fresh.gates.index(release.gate))

@@ -14,7 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.fakekube import FakeKube
 from tests.unit.builders import GATE, NS, pod
 from ungater._controller.patcher import BLOCKED, CONFLICT, DELETING, ERROR, GONE, RELEASED, Patcher
-from ungater._controller.state import State, Stats
+from ungater._controller.state import State, Stats, Uncertain
+from ungater._decide.indexes import OwnerKey
 from ungater._decide.decision import Release
 from ungater._kube.client import PODS, ApiError
 from ungater._model.config import Config
@@ -22,6 +23,7 @@ from ungater._model.views import PodView, parse_pod
 from ungater._observe.metrics import Metrics
 
 OTHER_GATE = "example.com/other"
+KEY = OwnerKey(NS, "owner-uid")
 
 pytestmark = pytest.mark.anyio
 
@@ -66,20 +68,23 @@ async def test_each_patch_counts_under_its_own_outcome() -> None:
     fake = FakeKube()
     released = fake.put(PODS, pod("a"))
     stale = release_of(fake.put(PODS, pod("b", gates=(OTHER_GATE, GATE))))
-    fake.put(PODS, pod("b", gates=(GATE,)))  # the other gate went: our index is stale
+    fake.put(PODS, pod("b", gates=(GATE,), labels={"x": "1"}))  # changed: decide again
+    moved = release_of(fake.put(PODS, pod("c", gates=(OTHER_GATE, GATE))))
+    fake.put(PODS, pod("c", gates=(GATE,)))  # only the other gate went: sent again
     metrics = Metrics()
     p, _, _ = patcher(fake, metrics)
     assert await p.release(release_of(released)) == RELEASED
     assert await p.release(stale) == CONFLICT
-    assert patches_total(metrics) == {"released": 1.0, "conflict": 1.0}
+    assert await p.release(moved) == RELEASED
+    assert patches_total(metrics) == {"released": 2.0, "conflict": 2.0}  # one per request
 
 
 async def test_a_refused_patch_on_a_pod_still_gated_is_no_foreign_release() -> None:
-    """Another controller removed its own gate before ours: the index moved, the guarded
+    """Another controller removed its own gate before ours and relabelled the pod: the guarded
     patch is refused, and our gate is still there: nobody released the pod."""
     fake = FakeKube()
     stale = release_of(fake.put(PODS, pod("b", gates=(OTHER_GATE, GATE))))
-    fake.put(PODS, pod("b", gates=(GATE,)))
+    fake.put(PODS, pod("b", gates=(GATE,), labels={"x": "1"}))
     p, notices, _ = patcher(fake)
     assert await p.release(stale) == CONFLICT
     await p.check_foreign_release(stale, None)  # type: ignore[arg-type]
@@ -237,3 +242,111 @@ async def test_our_own_earlier_release_is_remembered_and_never_taken_for_someone
     assert await p.release(r) == CONFLICT  # the same stale view again: refused
     await p.check_foreign_release(r, None)  # type: ignore[arg-type]
     assert notices.foreign == []
+
+
+# -- a refused release sent again ---------------------------------------------------------------
+
+
+class CountingGets:
+    """The fake's client, counting GETs and PATCHes."""
+
+    def __init__(self, fake: FakeKube) -> None:
+        self.fake, self.gets, self.patches = fake, 0, 0
+
+    async def get(self, *a: Any) -> Any:
+        self.gets += 1
+        return await self.fake.get(*a)
+
+    async def json_patch(self, *a: Any) -> Any:
+        self.patches += 1
+        return await self.fake.json_patch(*a)
+
+
+async def test_a_release_refused_only_for_another_writers_gate_is_sent_again_at_once() -> None:
+    """Kueue removed its own gate from the pod between our read and our patch: the patch is
+    refused (the version moved), the pod is read once, and the same release goes again on
+    the version read, our gate at its new index; the refused request never lands, so the one
+    sent again is what an unanswered release must be fenced at."""
+    fake = FakeKube()
+    decided = release_of(fake.put(PODS, pod("b", gates=(OTHER_GATE, GATE))))
+    now = fake.put(PODS, pod("b", gates=(GATE,)))
+    client = CountingGets(fake)
+    state = State(Config(), client, {}, Stats(), time.monotonic, None, None)  # type: ignore[arg-type]
+    state.uncertain["uid-b"] = Uncertain(KEY, NS, "b", decided.pod.resource_version)
+    seen: list[str] = []
+    sent = client.json_patch
+
+    async def json_patch(*a: Any) -> Any:
+        seen.append(a[3][0]["value"])  # the version each request tests
+        if len(seen) == 2:  # the resent request: what would it be fenced at?
+            assert state.uncertain["uid-b"].resource_version == now["metadata"]["resourceVersion"]
+        return await sent(*a)
+
+    client.json_patch = json_patch  # type: ignore[method-assign]
+    p = Patcher(state, Notices())  # type: ignore[arg-type]
+    assert await p.release(decided) == RELEASED
+    assert seen == [decided.pod.resource_version, now["metadata"]["resourceVersion"]]
+    assert client.gets == 1 and state.stats.patch_resent == 1
+    assert (await fake.get(PODS, NS, "b"))["spec"].get("schedulingGates") in (None, [])
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param({"labels": {"x": "1"}}, id="relabelled"),
+        pytest.param({"deleting": True}, id="terminating"),
+        pytest.param({"phase": "Failed"}, id="finished"),
+        pytest.param({"gates": (OTHER_GATE,)}, id="our-gate-gone"),
+        pytest.param({"uid": "uid-new"}, id="another-pod-by-that-name"),
+    ],
+)
+async def test_a_refused_release_goes_back_to_the_decision_when_the_pod_changed(
+    change: dict[str, Any],
+) -> None:
+    fake = FakeKube()
+    decided = release_of(fake.put(PODS, pod("b", gates=(OTHER_GATE, GATE))))
+    if "uid" in change:
+        fake.delete(PODS, NS, "b")
+    changed = pod("b", **{"gates": (GATE,), **change})
+    changed["metadata"]["finalizers"] = ["example.com/keep"]  # terminating stays terminating
+    fake.put(PODS, changed)
+    client = CountingGets(fake)
+    state = State(Config(), client, {}, Stats(), time.monotonic, None, None)  # type: ignore[arg-type]
+    p = Patcher(state, Notices())  # type: ignore[arg-type]
+    assert await p.release(decided) == CONFLICT
+    assert client.patches == 1 and state.stats.patch_resent == 0
+
+
+async def test_a_release_refused_twice_is_not_sent_a_third_time() -> None:
+    """Resent once: if the pod moved again, the decision takes it from there (no loop)."""
+    fake = FakeKube()
+    decided = release_of(fake.put(PODS, pod("b", gates=(OTHER_GATE, "example.com/third", GATE))))
+    fake.put(PODS, pod("b", gates=("example.com/third", GATE)))
+    client = CountingGets(fake)
+    sent = client.json_patch
+
+    async def json_patch(*a: Any) -> Any:
+        if client.patches == 1:  # before the resent request: another writer moves it again
+            fake.put(PODS, pod("b", gates=(GATE,)))
+        return await sent(*a)
+
+    client.json_patch = json_patch  # type: ignore[method-assign]
+    state = State(Config(), client, {}, Stats(), time.monotonic, None, None)  # type: ignore[arg-type]
+    p = Patcher(state, Notices())  # type: ignore[arg-type]
+    assert await p.release(decided) == CONFLICT
+    assert client.patches == 2 and state.stats.patch_resent == 1
+
+
+async def test_the_pod_read_after_a_refusal_serves_the_foreign_release_check() -> None:
+    """One read per refusal: the pod read to decide whether to resend is the one the check
+    for another writer's release looks at."""
+    fake = FakeKube()
+    decided = release_of(fake.put(PODS, pod("c", gates=(OTHER_GATE, GATE))))
+    fake.put(PODS, pod("c", gates=(OTHER_GATE,)))  # our gate went by another hand
+    client = CountingGets(fake)
+    state = State(Config(), client, {}, Stats(), time.monotonic, None, None)  # type: ignore[arg-type]
+    notices = Notices()
+    p = Patcher(state, notices)  # type: ignore[arg-type]
+    assert await p.release(decided) == CONFLICT
+    await p.check_foreign_release(decided, None)  # type: ignore[arg-type]
+    assert notices.foreign == [("c", "uid-c")] and client.gets == 1
