@@ -89,6 +89,8 @@ def resend(release: Release, fresh: PodView) -> Release | None:
     gone, another pod by that name) goes back to the decision.
     """
     decided = release.pod
+    if fresh.resource_version == decided.resource_version:
+        return None  # the version did not move: the refusal was for something else
     if release.gate not in fresh.gates or fresh.deleting or fresh.terminal:
         return None
     same = replace(fresh, resource_version=decided.resource_version, gates=decided.gates)

@@ -15,8 +15,8 @@ from tests.fakekube import FakeKube
 from tests.unit.builders import GATE, NS, pod
 from ungater._controller.patcher import BLOCKED, CONFLICT, DELETING, ERROR, GONE, RELEASED, Patcher
 from ungater._controller.state import State, Stats, Uncertain
-from ungater._decide.indexes import OwnerKey
 from ungater._decide.decision import Release
+from ungater._decide.indexes import OwnerKey
 from ungater._kube.client import PODS, ApiError
 from ungater._model.config import Config
 from ungater._model.views import PodView, parse_pod
@@ -350,3 +350,20 @@ async def test_the_pod_read_after_a_refusal_serves_the_foreign_release_check() -
     assert await p.release(decided) == CONFLICT
     await p.check_foreign_release(decided, None)  # type: ignore[arg-type]
     assert notices.foreign == [("c", "uid-c")] and client.gets == 1
+
+
+async def test_a_refusal_on_a_pod_at_the_decided_version_is_not_sent_again() -> None:
+    """The pod did not move: whatever refused the patch would refuse it again."""
+    fake = FakeKube()
+    decided = release_of(fake.put(PODS, pod("b")))
+    client = CountingGets(fake)
+
+    async def json_patch(*a: Any) -> Any:
+        client.patches += 1
+        raise ApiError(409, "Conflict")
+
+    client.json_patch = json_patch  # type: ignore[method-assign]
+    state = State(Config(), client, {}, Stats(), time.monotonic, None, None)  # type: ignore[arg-type]
+    p = Patcher(state, Notices())  # type: ignore[arg-type]
+    assert await p.release(decided) == CONFLICT
+    assert client.patches == 1 and client.gets == 1
