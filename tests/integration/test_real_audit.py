@@ -294,10 +294,16 @@ async def test_audit_reports_kueues_scale_down_over_release_and_a_stall(
             await eventually(lambda: count_is(kube, ns, 2, 2), timeout=60, what="2 released")
             await scale(kube, ns, 4)
             await eventually(lambda: count_is(kube, ns, 4, 4), timeout=60, what="4 released")
-            # beyond the quota: the scale-up slice waits, 4 workers stay gated
+            # beyond the quota: the scale-up slice waits; the 4 new workers stay gated, or
+            # Kueue v0.17.1 releases them too (kueue#11977: seen in 1 of 2 runs; the Job test
+            # below pins that story), and the scale-down below releases all 8 either way
             await scale(kube, ns, 8)
             await eventually(lambda: pending_slice(kube, ns, uid), timeout=30, what="pending")
-            await eventually(lambda: count_is(kube, ns, 4, 8), timeout=30, what="8 workers")
+            await eventually(
+                lambda: _any(count_is(kube, ns, 4, 8), count_is(kube, ns, 8, 8)),
+                timeout=30,
+                what="8 workers, 4 or 8 of them released",
+            )
 
             # the scale-down: Kueue's cap drops to 2 (see active) and it releases all 8
             await scale(kube, ns, 2)
@@ -379,6 +385,10 @@ async def test_audit_reports_kueues_scale_down_over_release_and_a_stall(
     for at, f in reports.seen:
         print(f"reported at {at:.2f}: {f.finding} {f.workload}/{f.pod_set} {sorted(f.pods)}")
     check_against_spans(spans, reports)
+
+
+async def _any(*probes: Any) -> bool:
+    return any([await p for p in probes])
 
 
 def job_audit_config(ns: str) -> Config:
