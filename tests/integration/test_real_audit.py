@@ -295,7 +295,7 @@ async def test_audit_reports_kueues_scale_down_over_release_and_a_stall(
             await scale(kube, ns, 4)
             await eventually(lambda: count_is(kube, ns, 4, 4), timeout=60, what="4 released")
             # beyond the quota: the scale-up slice waits; the 4 new workers stay gated, or
-            # Kueue v0.17.1 releases them too (kueue#11977: seen in 1 of 2 runs; the Job test
+            # Kueue v0.17.1 releases them too (kueue#11977: seen in 1 of 6 runs; the Job test
             # below pins that story), and the scale-down below releases all 8 either way
             await scale(kube, ns, 8)
             await eventually(lambda: pending_slice(kube, ns, uid), timeout=30, what="pending")
