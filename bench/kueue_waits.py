@@ -63,8 +63,8 @@ class Waits:
     def _one(
         self, label: str, gate: str, pods: list[PodTrack], since: float, first_only: bool
     ) -> float | None:
-        waits = [
-            p.removed_at[gate] - max(since, p.added_at) if gate in p.removed_at else None
+        waits = [  # a release before the trigger (past the cap, counted apart) waited 0
+            max(0.0, p.removed_at[gate] - max(since, p.added_at)) if gate in p.removed_at else None
             for p in pods
             if gate in p.gates
         ]
