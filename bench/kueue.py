@@ -223,8 +223,15 @@ async def _burst(
     for owner in owners:  # each records from its own admission; all run meanwhile
         await _initial(tl, run.cases["burst"], owner, size)
     pods = [q for o in owners for q in tl.of(o)]
+    gates = list(GATES.values())
+    await tl.until(  # every gate off (or the bound): the totals below need the last removal
+        lambda: all(g in q.removed_at for q in pods for g in gates), _WAIT_S, "burst released"
+    )
     admitted = [s.admitted_at for o in owners for s in _admitted(tl, o)]
-    out: dict[str, Any] = {"last_admission_s": max(a for a in admitted if a) - t0}
+    out: dict[str, Any] = {
+        "last_admission_s": max(a for a in admitted if a) - t0,
+        "last_pod_created_s": max(q.added_at for q in pods) - t0,  # the Job controller's pace
+    }
     for label, gate in GATES.items():  # from the quota change to the last removal
         done = [q.removed_at[gate] for q in pods if gate in q.removed_at]
         out[f"all_released_{label}_s"] = max(done) - t0 if len(done) == len(pods) else None

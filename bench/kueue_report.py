@@ -79,15 +79,22 @@ def kueue_rows(k: dict[str, Any]) -> list[dict[str, Any]]:
             ok = n == 0 if who == "ungater" else None
             metric = f"{story}: releases past the cap ({who}'s gate)"
             rows.append(_row(metric, config, summarize([n], "count"), "0", ok))
-    for entry in k.get("order", {}).get("freed_pending", ()):
-        gated = entry["gated"]
+    waves = k.get("order", {}).get("freed_pending", [])
+    if waves:
+        gated = waves[0]["gated"]
         span = f"{min(gated)}..{max(gated)}" if gated else "-"
         for who in ("kueue", "ungater"):
-            first = entry.get(who)
-            metric = f"partial wave, gated {span}, one slot: index released ({who})"
-            s = summarize([first] if first is not None else [], "count")
+            went = [w.get(who) for w in waves]
+            shown = " ".join("-" if i is None else str(i) for i in went)
+            metric = f"partial wave, gated {span}, one slot: index released ({who}): {shown}"
+            s = summarize([i for i in went if i is not None], "count")
             rows.append(_row(metric, config, s))
     totals = k.get("burst_totals", {})
+    for what in ("last_admission_s", "last_pod_created_s"):
+        t = totals.get(what)
+        if t is not None:
+            metric = f"burst: quota raised to the {what[5:-2].replace('_', ' ')}"
+            rows.append(_row(metric, config, summarize([t], "s")))
     for who in ("kueue", "ungater"):
         t = totals.get(f"all_released_{who}_s")
         if t is not None:
