@@ -93,7 +93,7 @@ def kueue_rows(k: dict[str, Any]) -> list[dict[str, Any]]:
     for what in ("last_admission_s", "last_pod_created_s"):
         t = totals.get(what)
         if t is not None:
-            metric = f"burst: quota raised to the {what[5:-2].replace('_', ' ')}"
+            metric = f"burst: quota raised to the {what[:-2].replace('_', ' ')}"
             rows.append(_row(metric, config, summarize([t], "s")))
     for who in ("kueue", "ungater"):
         t = totals.get(f"all_released_{who}_s")
