@@ -1,7 +1,9 @@
 """``python -m bench run [--quick] [--out FILE] [--kubeconfig K]``: run the benchmarks.
 
 Without ``--kubeconfig`` the local control plane is started (binaries built or reused from
-``~/.cache/ungater``) and stopped at the end; with it, that cluster is used as it is.
+``~/.cache/ungater``) and stopped at the end; with it, that cluster is used as it is. The
+``kueue`` scenario runs on a control plane of its own with the real Kueue (``--kueue V``: a
+version of the pin table, else ``$UNGATER_KUEUE_VERSION``, else the default) and KubeRay.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import anyio
 from bench.kueue import kueue_side_by_side
 from bench.report import table_rows
 from bench.runner import PLAIN, SCENARIOS, Options, run_all
-from bench.sizes import FULL, PRESETS, QUICK, Sizes, with_scale
+from bench.sizes import FULL, PRESETS, QUICK, Sizes, with_kueue_burst, with_scale
 from bench.stats import render_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -38,7 +40,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--kueue-kubeconfig",
         type=Path,
-        help="for --only kueue: a cluster running the real Kueue (default: start one)",
+        help="for --only kueue: a cluster running the real Kueue and KubeRay (default: start "
+        "one); give its version with --kueue",
+    )
+    run.add_argument(
+        "--kueue",
+        metavar="VERSION",
+        help="for --only kueue: the Kueue of the pin table to run (default: "
+        "$UNGATER_KUEUE_VERSION, else the dev cluster's default)",
+    )
+    run.add_argument(
+        "--kueue-burst", type=int, metavar="N", help="for --only kueue: Jobs admitted at once"
     )
     run.add_argument("--namespace", default="bench-ns")
     run.add_argument("--raw-namespace", default="bench-raw")
@@ -76,19 +88,48 @@ def _options(
 
 
 @contextmanager
-def _cluster(kubeconfig: Path | None, *, peers: bool) -> Iterator[Path]:
-    """The given cluster, or the local control plane (with the real peers) for the block."""
+def _cluster(kubeconfig: Path | None) -> Iterator[Path]:
+    """The given cluster, or the plain local control plane for the block."""
     if kubeconfig is not None:
         yield kubeconfig
         return
     from ungater_devtools.devcluster.environment import LocalControlPlane
 
-    what = " with the real Kueue" if peers else ""
-    print(f"starting the local control plane{what} ...", file=sys.stderr, flush=True)
-    plane = LocalControlPlane(peers=("kueue",)) if peers else LocalControlPlane()
+    print("starting the local control plane ...", file=sys.stderr, flush=True)
+    plane = LocalControlPlane()
     plane.start()
     try:
         yield plane.kubeconfig_path
+    finally:
+        plane.stop()
+
+
+@contextmanager
+def _kueue_cluster(kubeconfig: Path | None, version: str | None) -> Iterator[tuple[Path, str]]:
+    """The given cluster (its Kueue as stated), or a local control plane running the real Kueue
+    (``version`` of the pin table; the default's fallback said when taken) and KubeRay."""
+    from ungater_devtools.devcluster import versions
+
+    if kubeconfig is not None:
+        yield kubeconfig, version or "(given cluster, version not stated)"
+        return
+    from ungater_devtools.devcluster.cluster import LocalControlPlane
+
+    def say(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    asked = versions.kueue_pin(version).version
+    say(f"starting the local control plane with the real Kueue {asked} and KubeRay ...")
+    plane = LocalControlPlane(
+        peers=("kueue", "kuberay"), peer_options={"kueue_version": version, "log": say}
+    )
+    plane.start()
+    try:
+        assert plane.peers is not None
+        ran = plane.peers.kueue_version
+        if ran != asked:
+            say(f"Kueue {asked} could not be had: Kueue {ran} runs instead")
+        yield plane.kubeconfig_path, ran
     finally:
         plane.stop()
 
@@ -97,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     sizes = PRESETS[args.preset] if args.preset else QUICK if args.quick else FULL
     sizes = with_scale(sizes, args.scale_pods, args.scale_workloads)
+    sizes = with_kueue_burst(sizes, args.kueue_burst)
     if args.no_default_config:
         from dataclasses import replace
 
@@ -116,19 +158,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     result: dict[str, Any] | None = None
     if only & PLAIN:
-        with _cluster(args.kubeconfig, peers=False) as kubeconfig:
+        with _cluster(args.kubeconfig) as kubeconfig:
             result = anyio.run(run_all, _options(args, kubeconfig, sizes, workdir, only & PLAIN))
     if "kueue" in only:  # on a control plane of its own: the real Kueue must not see the rest
-        with _cluster(args.kueue_kubeconfig, peers=True) as kubeconfig:
+        with _kueue_cluster(args.kueue_kubeconfig, args.kueue) as (kubeconfig, version):
+            print(f"side by side with Kueue {version}", file=sys.stderr, flush=True)
             if result is None:  # the run's metadata, from this cluster
                 result = anyio.run(run_all, _options(args, kubeconfig, sizes, workdir, frozenset()))
             run = time.strftime("%H%M%S")
-            kueue = anyio.run(kueue_side_by_side, kubeconfig, sizes, workdir, run)
+            kueue = anyio.run(kueue_side_by_side, kubeconfig, sizes, workdir, run, version)
         result["metrics"]["kueue"] = kueue
         result["table"] = table_rows(result["metrics"])
     assert result is not None
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(render_table(result["table"]))
+    if "kueue" in result["metrics"]:
+        print(
+            f"\nKueue side by side ran against Kueue {result['metrics']['kueue']['kueue_version']}"
+        )
     print(
         f"\nresults: {out}  (load average before/after: "
         f"{result['meta']['load_average_before']} / {result['meta']['load_average_after']})"

@@ -1,6 +1,7 @@
 """What the Kueue benchmark sets up on a cluster running the real Kueue: a ResourceFlavor, one
 ClusterQueue and LocalQueue per namespace, real elastic Indexed Jobs (the real Job controller
-creates their pods, Kueue's webhook adds its gate beside ours), and the controller's config.
+creates their pods, Kueue's webhook adds its gate beside ours), elastic RayClusters (the real
+KubeRay operator creates their pods), and the controller's config.
 """
 
 from __future__ import annotations
@@ -19,9 +20,13 @@ from ungater_devtools.kueue_objects import (
 
 __all__ = [
     "KUEUE_GATE",
+    "RAYCLUSTERS",
     "UNGATER_GATE",
     "create_queues",
+    "create_raycluster",
     "kueue_controller_config",
+    "scale_raycluster",
+    "set_quota",
 ]
 
 KUEUE_GATE = "kueue.x-k8s.io/elastic-job"
@@ -33,6 +38,7 @@ _API = ("kueue.x-k8s.io", "v1beta2")
 FLAVORS = Resource(*_API, "resourceflavors", "ResourceFlavor", namespaced=False)
 CLUSTER_QUEUES = Resource(*_API, "clusterqueues", "ClusterQueue", namespaced=False)
 LOCAL_QUEUES = Resource(*_API, "localqueues", "LocalQueue")
+RAYCLUSTERS = Resource("ray.io", "v1", "rayclusters", "RayCluster")
 
 
 async def _create(api: BenchApi, res: Resource, ns: str | None, body: dict[str, Any]) -> None:
@@ -52,6 +58,14 @@ async def create_queues(api: BenchApi, ns: str, cpu: int) -> str:
     return cq
 
 
+async def set_quota(api: BenchApi, cluster_queue: str, cpu: int) -> None:
+    """The ClusterQueue's CPU quota (the first resource of ``cluster_queue_object``)."""
+    path = "/spec/resourceGroups/0/flavors/0/resources/0/nominalQuota"
+    await api.kube.json_patch(
+        CLUSTER_QUEUES, None, cluster_queue, [{"op": "replace", "path": path, "value": str(cpu)}]
+    )
+
+
 async def delete_queues(api: BenchApi, cluster_queue: str) -> None:
     await api.kube.delete(CLUSTER_QUEUES, None, cluster_queue)
 
@@ -68,12 +82,60 @@ async def scale_job(api: BenchApi, ns: str, name: str, parallelism: int) -> None
     await api.kube.merge_patch(JOBS, ns, name, {"spec": {"parallelism": parallelism}})
 
 
+def _ray_template() -> dict[str, Any]:
+    ray = {
+        "name": "ray",
+        "image": "registry.invalid/ray:2",
+        "resources": {"requests": {"cpu": "1"}},
+    }
+    return {"spec": {"schedulingGates": [{"name": UNGATER_GATE}], "containers": [ray]}}
+
+
+async def create_raycluster(api: BenchApi, ns: str, name: str, workers: int) -> str:
+    """An elastic RayCluster (a head, one worker group ``workers``, 1 CPU per pod, our gate in
+    both templates; Kueue's webhook adds its own); its UID (its pods' controller)."""
+    group = {
+        "groupName": "workers",
+        "replicas": workers,
+        "minReplicas": 0,
+        "maxReplicas": 1000,
+        "rayStartParams": {},
+        "template": _ray_template(),
+    }
+    body = {
+        "apiVersion": RAYCLUSTERS.api_version,
+        "kind": RAYCLUSTERS.kind,
+        "metadata": {
+            "name": name,
+            "labels": {"kueue.x-k8s.io/queue-name": "user-queue"},
+            "annotations": {"kueue.x-k8s.io/elastic-job": "true"},
+        },
+        "spec": {
+            "headGroupSpec": {"rayStartParams": {}, "template": _ray_template()},
+            "workerGroupSpecs": [group],
+        },
+    }
+    rc = await api.kube.create(RAYCLUSTERS, ns, body)
+    return str(rc["metadata"]["uid"])
+
+
+async def scale_raycluster(api: BenchApi, ns: str, name: str, workers: int) -> None:
+    path = "/spec/workerGroupSpecs/0/replicas"
+    await api.kube.json_patch(
+        RAYCLUSTERS, ns, name, [{"op": "replace", "path": path, "value": workers}]
+    )
+
+
 def kueue_controller_config(namespaces: list[str]) -> dict[str, Any]:
-    """The controller as shipped (default client limits), on our gate, for these namespaces."""
+    """The controller as shipped (default client limits), on our gate, for these namespaces.
+
+    ``mode: release`` is what ``auto`` picks for a gate Kueue does not release; it is written
+    out so that the benchmark never measures a controller that audits instead."""
     return {
         "gate": UNGATER_GATE,
+        "mode": "release",
         "namespaces": namespaces,
-        "kinds": [{"group": "batch", "kind": "Job"}],
+        "kinds": [{"group": "batch", "kind": "Job"}, {"group": "ray.io", "kind": "RayCluster"}],
         "server": {"address": "127.0.0.1:0"},
         "leaderElection": {"leaseName": "ungater-bench-kueue"},
     }

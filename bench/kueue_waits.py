@@ -53,7 +53,10 @@ class Waits:
                 return all(any(g in p.removed_at for p in current) for g in gates)
             return all(g in p.removed_at or g not in p.gates for p in current for g in gates)
 
-        bound = since + self.stall_s + 2.0 - time.monotonic()
+        # bounded from when the last of them became releasable (a pod created long after the
+        # trigger, as in a burst the Job controller creates at its own pace, gets its full time)
+        start = max([since, *(p.added_at for p in pods())])
+        bound = start + self.stall_s + 2.0 - time.monotonic()
         await tl.until(done, max(bound, 1.0), "gate removals")
         out: dict[str, float | None] = {}
         for label, gate in self.gates.items():
@@ -63,8 +66,8 @@ class Waits:
     def _one(
         self, label: str, gate: str, pods: list[PodTrack], since: float, first_only: bool
     ) -> float | None:
-        waits = [
-            p.removed_at[gate] - max(since, p.added_at) if gate in p.removed_at else None
+        waits = [  # a release before the trigger (past the cap, counted apart) waited 0
+            max(0.0, p.removed_at[gate] - max(since, p.added_at)) if gate in p.removed_at else None
             for p in pods
             if gate in p.gates
         ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["FULL", "PRESETS", "QUICK", "Sizes", "with_scale"]
+__all__ = ["FULL", "PRESETS", "QUICK", "Sizes", "with_kueue_burst", "with_scale"]
 
 
 @dataclass(frozen=True)
@@ -27,9 +27,12 @@ class Sizes:
     default_config: bool = True  # also measure the default client config
     kueue_pods: int = 2  # pods per Job of the side-by-side lifecycle (bench/kueue.py)
     kueue_repeats: int = 1  # lifecycles (initial, scale-up, succeeded, recreated)
-    kueue_pending_repeats: int = 1  # freed slot while a scale-up is pending
-    kueue_workloads: int = 3  # Jobs scaling at once
-    kueue_workload_pods: int = 2  # their size before the scale (doubled)
+    kueue_pending_repeats: int = 1  # freed slot while a scale-up is pending; the shrink race
+    kueue_pending_pods: int = 2  # admitted pods (the whole quota) before that scale-up
+    kueue_pending_gated: int = 2  # the pods the scale-up adds (gated: a partial wave of 1)
+    kueue_shrink: tuple[int, int, int] = (4, 12, 8)  # admitted, scaled beyond quota, shrunk to
+    kueue_workloads: int = 3  # Jobs admitted at once (the burst)
+    kueue_workload_pods: int = 2  # pods of each
     kueue_stall_s: float = 30.0  # gated this long while releasable: a stall
 
 
@@ -52,8 +55,10 @@ FULL = Sizes(
     kueue_pods=10,
     kueue_repeats=10,
     kueue_pending_repeats=5,
+    kueue_pending_pods=7,
+    kueue_pending_gated=6,
     kueue_workloads=100,
-    kueue_workload_pods=5,
+    kueue_workload_pods=10,
 )
 
 QUICK = Sizes(
@@ -73,6 +78,11 @@ QUICK = Sizes(
     reconcile_others=(100, 1000),
     reconcile_repeats=20,
 )
+
+
+def with_kueue_burst(sizes: Sizes, workloads: int | None) -> Sizes:
+    """``sizes`` with ``workloads`` Jobs in the Kueue burst (kept when None)."""
+    return replace(sizes, kueue_workloads=workloads) if workloads else sizes
 
 
 def with_scale(sizes: Sizes, pods: int | None, workloads: int | None) -> Sizes:

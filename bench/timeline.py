@@ -4,7 +4,9 @@ gate, succeeded or went, and when each Workload slice was first seen admitted.
 Both watches (pods, Workloads) record the arrival of every event on this process's monotonic
 clock, in the order the API server sends them (resourceVersion order within one watch). Every
 latency of the Kueue benchmark is a difference of two moments recorded here, so both gates are
-timed by the same observer and the same clock.
+timed by the same observer and the same clock. Each event is also kept in ``events`` with its
+resourceVersion (one etcd: one order across both watches), for ``bench.kueue_overcap`` to
+replay the server's own objects in order.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ import anyio
 from bench.objects import CONTROLLER_UID, PODS, WORKLOADS
 from ungater._kube.client import GoneError, KubeClient, Resource
 
-__all__ = ["PodTrack", "SliceTrack", "Timeline"]
+__all__ = ["PodEvent", "PodTrack", "SliceEvent", "SliceTrack", "Timeline"]
 
 log = logging.getLogger(__name__)
 _MAX_WATCHES = 10_000  # each lasts up to its timeout; far more than any run needs
 _INDEX = "batch.kubernetes.io/job-completion-index"
+_POD_SET = "kueue.x-k8s.io/podset"
 
 
 @dataclass
@@ -38,6 +41,7 @@ class PodTrack:
     removed_at: dict[str, float] = field(default_factory=dict)  # gate -> first seen without it
     succeeded_at: float | None = None
     deleted_at: float | None = None
+    pod_set: str = ""  # Kueue's pod set label ("" when absent: the owner's only pod set)
 
     def gated(self, gate: str) -> bool:
         return gate in self.gates and gate not in self.removed_at
@@ -45,6 +49,31 @@ class PodTrack:
     @property
     def live(self) -> bool:
         return self.succeeded_at is None and self.deleted_at is None
+
+
+@dataclass(frozen=True)
+class PodEvent:
+    """One pod as an event showed it: what the over-cap replay needs."""
+
+    rv: int
+    uid: str
+    owner: str
+    pod_set: str
+    carried: frozenset[str]  # the gates the pod carried when first seen
+    gates: frozenset[str]  # the gates it carries now
+    live: bool  # neither finished nor being deleted nor gone
+
+
+@dataclass(frozen=True)
+class SliceEvent:
+    """One Workload slice as an event showed it."""
+
+    rv: int
+    name: str
+    owner: str
+    admitted: bool  # Admitted and not Evicted
+    counts: tuple[tuple[str, int], ...]  # admitted count per pod set
+    gone: bool
 
 
 @dataclass
@@ -61,8 +90,22 @@ def _gates(pod: dict[str, Any]) -> set[str]:
 
 
 def _admitted(wl: dict[str, Any]) -> bool:
+    return _cond(wl, "Admitted")
+
+
+def _cond(wl: dict[str, Any], kind: str) -> bool:
     conds = (wl.get("status") or {}).get("conditions") or ()
-    return any(c.get("type") == "Admitted" and c.get("status") == "True" for c in conds)
+    return any(c.get("type") == kind and c.get("status") == "True" for c in conds)
+
+
+def _counts(wl: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+    sets = ((wl.get("status") or {}).get("admission") or {}).get("podSetAssignments") or ()
+    return tuple((str(a.get("name", "main")), int(a["count"])) for a in sets if "count" in a)
+
+
+def _rv(obj: dict[str, Any]) -> int:
+    rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return int(rv) if rv.isdigit() else -1
 
 
 def _owner(obj: dict[str, Any]) -> str:
@@ -78,6 +121,7 @@ class Timeline:
         self.namespace = namespace
         self.pods: dict[str, PodTrack] = {}
         self.slices: dict[str, SliceTrack] = {}
+        self.events: list[PodEvent | SliceEvent] = []
         self.synced = anyio.Event()
         self._synced: set[str] = set()
         self._changed = anyio.Event()
@@ -94,23 +138,40 @@ class Timeline:
             index = (meta.get("annotations") or {}).get(_INDEX, labels.get(_INDEX, "-1"))
             owner = str(labels.get(CONTROLLER_UID, "")) or _owner(pod)
             track = PodTrack(uid, str(meta.get("name")), owner, int(index), now, gates)
+            track.pod_set = str(labels.get(_POD_SET, ""))
             self.pods[uid] = track
         for gate in track.gates - gates:
             track.removed_at.setdefault(gate, now)
-        if (pod.get("status") or {}).get("phase") == "Succeeded" and track.succeeded_at is None:
+        phase = (pod.get("status") or {}).get("phase")
+        if phase == "Succeeded" and track.succeeded_at is None:
             track.succeeded_at = now
-        if (etype == "DELETED" or meta.get("deletionTimestamp")) and track.deleted_at is None:
+        gone = etype == "DELETED" or bool(meta.get("deletionTimestamp"))
+        if gone and track.deleted_at is None:
             track.deleted_at = now
+        live = not gone and phase not in ("Succeeded", "Failed")
+        self.events.append(
+            PodEvent(
+                _rv(pod),
+                uid,
+                track.owner,
+                track.pod_set,
+                frozenset(track.gates),
+                frozenset(gates),
+                live,
+            )
+        )
 
     def _slice(self, etype: str, wl: dict[str, Any], now: float) -> None:
         meta = wl.get("metadata") or {}
         name = str(meta.get("name"))
         track = self.slices.setdefault(name, SliceTrack(name, _owner(wl), now))
+        admitted = _admitted(wl) and not _cond(wl, "Evicted")
+        counts = _counts(wl)
         if etype != "DELETED" and _admitted(wl) and track.admitted_at is None:
             track.admitted_at = now
-            sets = ((wl.get("status") or {}).get("admission") or {}).get("podSetAssignments")
-            counts = [int(a["count"]) for a in sets or () if "count" in a]
-            track.count = counts[0] if counts else None
+            track.count = counts[0][1] if counts else None
+        gone = etype == "DELETED"
+        self.events.append(SliceEvent(_rv(wl), name, track.owner, admitted, counts, gone))
 
     async def _watch(self, resource: Resource, apply: Callable[..., None]) -> None:
         rv = ""

@@ -101,7 +101,10 @@ def test_quick_bench_run_reports_every_metric(control_plane: Any, tmp_path: Path
 
 
 def test_quick_side_by_side_with_the_real_kueue(kueue_cluster: Any, tmp_path: Path) -> None:
+    """Every case at a small size (a burst of 2 Jobs) against the fixture's Kueue, which the
+    output names; ungater's gate measured on each case, never past the cap, index order."""
     out = tmp_path / "kueue.json"
+    version = kueue_cluster.peers.kueue_version
     args = [
         sys.executable,
         "-m",
@@ -112,6 +115,10 @@ def test_quick_side_by_side_with_the_real_kueue(kueue_cluster: Any, tmp_path: Pa
         "kueue",
         "--kueue-kubeconfig",
         str(kueue_cluster.kubeconfig_path),
+        "--kueue",
+        version,
+        "--kueue-burst",
+        "2",
         "--out",
         str(out),
         "--namespace",
@@ -120,18 +127,37 @@ def test_quick_side_by_side_with_the_real_kueue(kueue_cluster: Any, tmp_path: Pa
     ]
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"ran against Kueue {version}" in done.stdout
     k = json.loads(out.read_text())["metrics"]["kueue"]
     assert k["controller_exit_code"] == 0
+    assert k["kueue_version"] == version
+    assert set(k["cases"]) == {
+        "initial",
+        "scale_up",
+        "succeeded",
+        "recreated",
+        "freed_pending",
+        "shrink",
+        "rc_scale",
+        "burst",
+    }
     kueue_measured = 0
     for name, case in k["cases"].items():
         _sane(case["ungater"], 0, 30)  # every case measured for our gate, none stalled
         assert case["stalls"]["ungater"] == 0, name
-        if name != "freed_pending":  # Kueue v0.17.0 waits for the pending slice there
-            # Kueue's own release is a sample or a recorded stall: in a full CI run the real
-            # Kueue once left the "succeeded" case's pod gated past the 30 s stall bound.
-            assert case["kueue"]["n"] + case["stalls"]["kueue"] >= 1, name
-            if case["kueue"]["n"]:
-                _sane(case["kueue"], 0, 30)
-                kueue_measured += 1
+        # Kueue's own release is a sample or a recorded stall: in a full CI run the real
+        # Kueue once left the "succeeded" case's pod gated past the 30 s stall bound.
+        assert case["kueue"]["n"] + case["stalls"]["kueue"] >= 1, name
+        if case["kueue"]["n"]:
+            _sane(case["kueue"], 0, 30)
+            kueue_measured += 1
     assert kueue_measured >= 3, k["cases"]  # the comparison has a Kueue side
+    assert k["cases"]["burst"]["ungater"]["n"] == 2  # one sample per Job of the burst
     assert k["burst_totals"]["all_released_ungater_s"] > 0
+    assert set(k["over_cap"]) == {"job_lifecycle", "freed_pending", "shrink", "rc_scale", "burst"}
+    for story, found in k["over_cap"].items():
+        assert found["ungater"]["count"] == 0, (story, found)
+        assert found["kueue"]["count"] >= 0
+    (wave,) = k["order"]["freed_pending"]
+    assert wave["ungater"] == min(wave["gated"]), wave  # the lowest gated index goes first
+    assert wave["kueue"] in wave["gated"], wave

@@ -28,9 +28,6 @@ from typing import Any
 import anyio
 import pytest
 import yaml
-from ungater._cli.main.audit import audit_cluster
-from ungater._cli.main.explain import explain
-from ungater._model.views.config import Config
 
 from tests.integration.k8s import RAYCLUSTERS, Kube
 from tests.integration.realpeers import (
@@ -49,7 +46,10 @@ from tests.integration.test_real_jobs import index, job_size, pods_of
 from tests.integration.test_release_blocked import events_with, observed_controller
 from tests.objects import JOBS, PODS, WORKLOADS, gates_of
 from tests.polling import eventually
+from ungater._cli.audit import audit_cluster
+from ungater._cli.explain import explain
 from ungater._decide.findings import OUT_OF_ORDER, OVER_RELEASE, STALLED, Finding
+from ungater._model.config import Config
 from ungater_devtools.kueue_objects import queued_job, set_quota
 
 # a Kueue that releases past the admitted count (kueue#11977): v0.17.1

@@ -71,3 +71,27 @@ async def test_one_freed_slot_counts_the_first_candidate_released() -> None:
     got = await record(w, pods, t0, first_only=True)
     assert got == {"kueue": None, "ungater": pytest.approx(0.04)}
     assert w.stalls == {"kueue": 1, "ungater": 0}
+
+
+class Bound:
+    """A timeline that records how long ``record`` was willing to wait."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float] = []
+
+    async def until(self, done: Callable[[], bool], timeout: float, what: str) -> bool:
+        self.timeouts.append(timeout)
+        return done()
+
+
+async def test_a_pod_created_long_after_the_trigger_gets_its_full_stall_bound() -> None:
+    now = time.monotonic()
+    w = Waits(GATES, stall_s=30)
+    # admitted 40 s ago; the pod came (at the Job controller's pace) just now
+    pods = [pod(now, ungater=now + 0.1)]
+    tl = Bound()
+    await w.record(tl, lambda: pods, now - 40)  # type: ignore[arg-type]
+    assert tl.timeouts[0] > 30  # from the pod's creation, not from the admission 40 s ago
+    old = Bound()
+    await w.record(old, lambda: [pod(now - 40)], now - 40)  # type: ignore[arg-type]
+    assert old.timeouts[0] <= 1.0  # a pod releasable for 40 s already: no more waiting

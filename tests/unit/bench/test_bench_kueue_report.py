@@ -1,0 +1,75 @@
+"""The side-by-side benchmark's table rows (bench/kueue_report.py): the Kueue that ran, the
+releases past the cap per story, the order of a partial wave, the goals' verdicts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.kueue_report import kueue_rows
+from bench.stats import summarize
+
+
+def result(kueue: list[float], ungater: list[float]) -> dict[str, Any]:
+    return {
+        "kueue_version": "v0.19.2",
+        "sizes": {"workloads": 3, "workload_pods": 2, "shrink": [4, 12, 8]},
+        "cases": {
+            "shrink": {
+                "kueue": summarize(kueue, "s"),
+                "ungater": summarize(ungater, "s"),
+                "ratio_median": summarize(kueue, "s")["median"] / summarize(ungater, "s")["median"],
+                "ratio_p95": summarize(kueue, "s")["p95"] / summarize(ungater, "s")["p95"],
+                "stalls": {"kueue": 0, "ungater": 0},
+            }
+        },
+        "over_cap": {"shrink": {"kueue": {"count": 40}, "ungater": {"count": 0}}},
+        "order": {
+            "freed_pending": [
+                {"gated": [7, 8, 9, 10, 11, 12], "kueue": 10, "ungater": 7},
+                {"gated": [7, 8, 9, 10, 11, 12], "kueue": None, "ungater": 7},
+            ]
+        },
+        "burst_totals": {"last_pod_created_s": 40.0, "all_released_ungater_s": 41.7},
+    }
+
+
+def by_metric(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {r["metric"]: r for r in rows}
+
+
+def test_every_row_names_the_kueue_that_ran() -> None:
+    rows = kueue_rows(result([0.2] * 5, [0.1] * 5))
+    assert rows and {r["config"] for r in rows} == {"Kueue v0.19.2"}
+
+
+def test_ungater_behind_kueue_is_a_miss_and_ahead_a_pass() -> None:
+    label = "shrunk slice admitted, last release (4 -> 12 -> 8)"
+    behind = by_metric(kueue_rows(result([0.2] * 5, [0.3] * 5)))
+    assert behind[f"{label}: ratio Kueue/ungater"]["status"] == "MISS"
+    ahead = by_metric(kueue_rows(result([0.3] * 5, [0.2] * 5)))
+    assert ahead[f"{label}: ratio Kueue/ungater"]["status"] == "pass"
+    assert ahead[f"{label}: ratio at p95"]["status"] == "pass"
+    few = by_metric(kueue_rows(result([0.3] * 4, [0.2] * 4)))  # under 5 samples: no verdict
+    assert few[f"{label}: ratio Kueue/ungater"]["status"] == "-"
+
+
+def test_releases_past_the_cap_judge_ungater_alone() -> None:
+    rows = by_metric(kueue_rows(result([0.2] * 5, [0.1] * 5)))
+    kueue = rows["shrink: releases past the cap (kueue's gate)"]
+    ours = rows["shrink: releases past the cap (ungater's gate)"]
+    assert (kueue["median"], kueue["status"]) == (40, "-")
+    assert (ours["median"], ours["status"]) == (0, "pass")
+
+
+def test_the_partial_wave_shows_each_index_released() -> None:
+    rows = by_metric(kueue_rows(result([0.2] * 5, [0.1] * 5)))
+    kueue = rows["partial wave, gated 7..12, one slot: index released (kueue): 10 -"]
+    ours = rows["partial wave, gated 7..12, one slot: index released (ungater): 7 7"]
+    assert (kueue["n"], kueue["median"]) == (1, 10)
+    assert (ours["n"], ours["median"]) == (2, 7)
+
+
+def test_the_burst_totals_say_when_the_last_pod_came() -> None:
+    rows = by_metric(kueue_rows(result([0.2] * 5, [0.1] * 5)))
+    assert rows["burst: quota raised to the last pod created"]["median"] == 40.0
+    assert rows["burst: quota raised to all released (ungater's gate)"]["median"] == 41.7
