@@ -33,6 +33,7 @@ import anyio
 from ungater._kube.adapter import ApiClientKube, connect
 from ungater._kube.client import PODS, Resource
 from ungater_devtools.demo_clock import GateClock, wave_table
+from ungater_devtools.devcluster.versions import KUEUE_VERSION
 from ungater_devtools.kueue_objects import queued_job
 
 __all__ = ["DEMO_GATE", "run_demo"]
@@ -402,7 +403,7 @@ class Scenario:
         await self.show()
         say("   The user deletes the pod of index 5: its CPU is free under the admitted")
         say("   slice for 6, so each releaser lifts its gate from one waiting pod. Kueue")
-        say("   takes the lowest pod name, ungater the lowest completion index.")
+        say("   takes the lowest pod name, ungater the lowest waiting completion index.")
         if await self.freed_slot(5):
             say("   Each releaser lifted its gate from a different pod, so neither of the two")
             say("   has both gates off: neither can be scheduled, while the quota counts the")
@@ -456,6 +457,11 @@ def _run_with_controller(plane: Any, work: Path, fast: bool) -> int:
             f"Control plane ready at {plane.server_url}; Kueue {kueue} runs as its own "
             "service account."
         )
+        if kueue != KUEUE_VERSION:
+            say(
+                f"The narration below is written for Kueue {KUEUE_VERSION}; Kueue {kueue} "
+                "releases its own gate differently (docs/kueue-ungater.md): trust the tables."
+            )
         say(
             f"Starting the controller: ungater run --kubeconfig {plane.kubeconfig_path} "
             f"--config {config}"
