@@ -223,7 +223,9 @@ class Scenario:
             f"{total} pods with both gates off",
         )
         await self.show()
-        zero = self.clock.admitted[self.active_slice]
+        admitted = self.clock.admitted
+        await self.wait(lambda: self.active_slice in admitted, f"{self.active_slice} admitted")
+        zero = admitted[self.active_slice]
         pods = [p for p in self.clock.live(self._uid()) if p.name not in self.timed]
         self.timed.update(p.name for p in pods)
         say(f"   {what}: ms after the demo saw slice {self.active_slice} admitted")
