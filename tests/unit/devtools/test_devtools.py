@@ -87,7 +87,7 @@ def test_the_demo_leaves_no_temporary_directory_behind(
 
     seen: dict[str, Any] = {}
 
-    def failing_scenario(plane: Any, pause: float) -> str:
+    def failing_scenario(plane: Any, pause: float, leading: Any) -> str:
         seen["dirs"] = sorted(p.name for p in tmp_path.iterdir())
         raise RuntimeError("the scenario failed")
 
