@@ -1,7 +1,7 @@
 """RayJob and RayService (ray.io): the Workload is the RayJob's or RayService's, the pods the
 RayCluster's it created.
 
-Kueue v0.17.0 puts the slices on the RayJob (RayService), while KubeRay v1.6.1 makes the pods
+Kueue (v0.17.0 to v0.19.2, read in their sources) puts the slices on the RayJob (RayService), while KubeRay v1.6.1 makes the pods
 children of a RayCluster it creates with a generated name and a controller reference to the
 RayJob. No label of the pods names the RayJob (``ray.io/cluster`` names the RayCluster;
 ``ray.io/originated-from-*`` are on the RayCluster only), so the core selects the pods through
