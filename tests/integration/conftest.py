@@ -1,6 +1,7 @@
-"""Fixtures of the integration tests: an async client on the real API server and the controller
-running in-process against it (the helpers they use are in support.py), and the hook that marks
-every test here ``integration``."""
+"""Fixtures of the integration tests: an async client on the real API server, the controller
+running in-process against it (the helpers they use are in support.py), helm and an admin
+client for the chart tests (helpers in deploy.py), and the hook that marks every test here
+``integration``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.deploy import Admin, helm_for_tests
 from tests.integration.k8s import Kube
 from tests.integration.support import config_for, running_controller
 
@@ -57,3 +59,14 @@ async def kueue_kube(kueue_cluster: Any) -> AsyncIterator[Kube]:
         yield k
     finally:
         await k.close()
+
+
+@pytest.fixture(scope="module")
+def helm(request: pytest.FixtureRequest) -> Path:
+    """The helm binary, or a failure (CI) or a skip that says why."""
+    return helm_for_tests(request.config)
+
+
+@pytest.fixture
+def admin(control_plane: Any) -> Admin:
+    return Admin(control_plane)

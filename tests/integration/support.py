@@ -1,5 +1,6 @@
-"""Helpers of the integration tests: the controller in-process on the real API server, and
-Kueue's part on Workloads played by hand. Fixtures stay in conftest.py."""
+"""Helpers of the integration tests: the controller in-process on the real API server (bare, or
+wired with metrics and Events as ``ungater run`` wires it), Kueue's part on Workloads played by
+hand, and the Events the controller wrote. Fixtures stay in conftest.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from tests.integration.k8s import Kube
 from tests.objects import WORKLOADS, condition
 from ungater._controller.controller import Controller
 from ungater._kube.adapter import connect
+from ungater._kube.client import Resource
 from ungater._model.config import Config
+from ungater._observe.events import EventRecorder
+from ungater._observe.metrics import Metrics
 from ungater._plugins.registry import PluginRegistry
 from ungater.testing import owner_ref
 
@@ -50,6 +54,30 @@ async def running_controller(
                 yield ctl
             finally:
                 stop.set()
+    finally:
+        await client.close()
+
+
+@asynccontextmanager
+async def observed_controller(kubeconfig: Any, config: Config) -> AsyncIterator[Controller]:
+    """The controller with metrics and an Event recorder, as ``ungater run`` wires it."""
+    client = await connect(kubeconfig, qps=config.client.qps, burst=config.client.burst)
+    metrics = Metrics()
+    events = EventRecorder(client, host="test", observer=metrics.observe_event)
+    ctl = Controller(config, client, PluginRegistry.discover(), metrics=metrics, events=events)
+    metrics.bind(ctl)
+    stop = anyio.Event()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(events.run)
+            tg.start_soon(ctl.run, stop)
+            with anyio.fail_after(30):
+                await ctl.ready.wait()
+            try:
+                yield ctl
+            finally:
+                stop.set()
+                await events.close(2.0)
     finally:
         await client.close()
 
@@ -133,3 +161,13 @@ async def finish(
 
 async def evict(kube: Kube, ns: str, name: str) -> dict[str, Any]:
     return await set_conditions(kube, ns, name, condition("Evicted", "True", "Preempted"))
+
+
+# -- what the controller said ---------------------------------------------------------------
+
+
+EVENTS = Resource("", "v1", "events", "Event")
+
+
+async def events_with(kube: Kube, ns: str, reason: str) -> list[dict[str, Any]]:
+    return [e for e in await kube.list(EVENTS, ns) if e.get("reason") == reason]

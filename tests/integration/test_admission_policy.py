@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.integration.deploy import Admin
+from tests.integration.jobs import make_job, released_indexes
 from tests.integration.k8s import Kube
 from tests.integration.support import admit, config_for, create_workload, running_controller
-from tests.integration.test_deploy import Admin, admin, helm  # noqa: F401  (fixtures)
-from tests.integration.test_jobs import make_job, released_indexes
 from tests.objects import GATE, PODS
 from tests.polling import equals, eventually, holds_for
 from ungater._kube.adapter import connect
@@ -61,14 +61,14 @@ def render_policy(helm_path: Path, **values: Any) -> str:
     return HEADER + "".join(f"---\n{d}" for d in docs)
 
 
-def test_plain_policy_is_the_chart_rendered(helm: Path) -> None:  # noqa: F811
+def test_plain_policy_is_the_chart_rendered(helm: Path) -> None:
     assert OPTIONAL.read_text() == render_policy(helm), (
         "deploy/manifests/optional/admission-policy.yaml is stale: "
         "python -m tests.integration.test_admission_policy"
     )
 
 
-def sa_kubeconfig(admin: Admin, base: Path, ns: str, sa: str, out: Path) -> Path:  # noqa: F811
+def sa_kubeconfig(admin: Admin, base: Path, ns: str, sa: str, out: Path) -> Path:
     """A kubeconfig acting as service account ``ns/sa`` (a TokenRequest)."""
     status, body, _ = admin.request(
         "POST",
@@ -95,8 +95,8 @@ async def test_policy_refuses_only_kueues_gate_removal_and_ungater_sees_it(
     control_plane: Any,
     kube: Kube,
     kube_namespace: str,
-    admin: Admin,  # noqa: F811
-    helm: Path,  # noqa: F811
+    admin: Admin,
+    helm: Path,
     tmp_path: Path,
 ) -> None:
     ns = kube_namespace
@@ -216,7 +216,7 @@ async def test_auto_audits_kueues_gate_without_the_policy_and_releases_behind_it
         await holds_for(lambda: equals(released_indexes(kube, ns, sel), [0, 1]), 2.0)
 
 
-def test_chart_schema_refuses_a_bad_admission_policy(helm: Path) -> None:  # noqa: F811
+def test_chart_schema_refuses_a_bad_admission_policy(helm: Path) -> None:
     for values, error in (
         ({"admissionPolicy": {"failurePolicy": "Sometimes"}}, "failurePolicy"),
         ({"admissionPolicy": {"kueueNamespace": ""}}, "kueueNamespace"),

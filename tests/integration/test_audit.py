@@ -15,11 +15,16 @@ import anyio
 import pytest
 import yaml
 
+from tests.integration.deploy import render
+from tests.integration.jobs import index, make_job
 from tests.integration.k8s import Kube
-from tests.integration.support import admit, config_for, create_workload
-from tests.integration.test_deploy import helm, render  # noqa: F401  (helm is a fixture)
-from tests.integration.test_jobs import index, make_job
-from tests.integration.test_release_blocked import events_with, observed_controller
+from tests.integration.support import (
+    admit,
+    config_for,
+    create_workload,
+    events_with,
+    observed_controller,
+)
 from tests.objects import GATE, PODS
 from tests.polling import eventually, holds_for
 from ungater._cli.audit import audit_cluster
@@ -120,7 +125,7 @@ async def test_audit_mode_reports_another_releasers_over_release_and_a_stall(
             assert "OverRelease" in proc.stdout
 
 
-def test_chart_rbac_has_no_pod_patch_in_audit_mode(helm: Path) -> None:  # noqa: F811
+def test_chart_rbac_has_no_pod_patch_in_audit_mode(helm: Path) -> None:
     def pod_verbs(**values: Any) -> set[str]:
         (role,) = [o for o in render(helm, **values) if o["kind"] == "ClusterRole"]
         rules = [r for r in role["rules"] if "pods" in r["resources"] and r["apiGroups"] == [""]]

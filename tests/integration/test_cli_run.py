@@ -13,9 +13,9 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.integration.jobs import make_job, released_indexes
 from tests.integration.k8s import Kube
 from tests.integration.support import admit, create_workload
-from tests.integration.test_jobs import make_job, released_indexes
 from tests.polling import equals, eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]

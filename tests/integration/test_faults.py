@@ -14,6 +14,8 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.integration.jobs import count_pods, make_job, released_indexes, scale
+from tests.integration.jobs import job_body as _job
 from tests.integration.k8s import Kube
 from tests.integration.monitor import monitoring
 from tests.integration.support import (
@@ -24,8 +26,6 @@ from tests.integration.support import (
     running_controller,
 )
 from tests.integration.tcpproxy import kubeconfig_via, proxied
-from tests.integration.test_jobs import count_pods, make_job, released_indexes, scale
-from tests.integration.test_jobs import job_body as _job
 from tests.objects import GATE, PODS, gates_of
 from tests.objects import JOBS as JOBS_RES
 from tests.polling import equals, eventually, holds_for

@@ -9,10 +9,17 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.integration.jobs import make_job, released_indexes, scale
 from tests.integration.k8s import Kube
-from tests.integration.support import admit, config_for, create_workload, evict, finish
-from tests.integration.test_jobs import make_job, released_indexes, scale
-from tests.integration.test_release_blocked import events_with, observed_controller
+from tests.integration.support import (
+    admit,
+    config_for,
+    create_workload,
+    events_with,
+    evict,
+    finish,
+    observed_controller,
+)
 from tests.polling import equals, eventually, holds_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]

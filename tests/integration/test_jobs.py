@@ -8,8 +8,9 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.integration.jobs import count_pods, index, make_job, released_indexes, scale
 from tests.integration.k8s import Kube
-from tests.integration.monitor import live_released, monitoring
+from tests.integration.monitor import monitoring
 from tests.integration.support import (
     admit,
     config_for,
@@ -18,7 +19,7 @@ from tests.integration.support import (
     finish,
     running_controller,
 )
-from tests.objects import GATE, JOBS, PODS, WORKLOADS, gates_of
+from tests.objects import GATE, PODS, WORKLOADS, gates_of
 from tests.polling import equals, eventually, holds_for
 from ungater._kube.client import Resource
 from ungater.testing import owner_ref
@@ -28,59 +29,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap")
 
 OTHER_GATE = "example.com/other-controller"
-
-
-def job_body(
-    name: str, n: int, gates: list[str] | None = None, podset_label: bool = False
-) -> dict[str, Any]:
-    labels = {"kueue.x-k8s.io/podset": "main"} if podset_label else {}
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "annotations": {"kueue.x-k8s.io/elastic-job": "true"}},
-        "spec": {
-            "parallelism": n,
-            "completions": n,
-            "completionMode": "Indexed",
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "schedulingGates": [{"name": g} for g in (gates or [GATE])],
-                    "restartPolicy": "Never",
-                    "containers": [{"name": "main", "image": "registry.invalid/trainer:1"}],
-                },
-            },
-        },
-    }
-
-
-async def make_job(kube: Kube, ns: str, name: str, n: int, **kw: Any) -> tuple[dict[str, Any], str]:
-    job = await kube.create(JOBS, ns, job_body(name, n, **kw))
-    selector = f"batch.kubernetes.io/controller-uid={job['metadata']['uid']}"
-    await eventually(
-        lambda: count_pods(kube, ns, selector, n), timeout=30, what=f"{n} pods of {name}"
-    )
-    return job, selector
-
-
-async def count_pods(kube: Kube, ns: str, selector: str, n: int) -> bool:
-    """Exactly ``n`` pods of the selector exist that are not being deleted."""
-    pods = [
-        p for p in await kube.list(PODS, ns, selector) if not p["metadata"].get("deletionTimestamp")
-    ]
-    return len(pods) == n
-
-
-def index(p: dict[str, Any]) -> int:
-    return int(p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"])
-
-
-async def released_indexes(kube: Kube, ns: str, selector: str) -> list[int]:
-    return sorted(index(p) for p in live_released(await kube.list(PODS, ns, selector)))
-
-
-async def scale(kube: Kube, ns: str, name: str, n: int) -> None:
-    await kube.merge_patch(JOBS, ns, name, {"spec": {"parallelism": n, "completions": n}})
 
 
 async def test_admitted_count_releases_lowest_indexes_only(

@@ -8,17 +8,16 @@ from typing import Any
 
 import pytest
 
+from tests.integration.jobs import count_pods
 from tests.integration.k8s import JOBSETS, RAYCLUSTERS, Kube
 from tests.integration.monitor import live_released, monitoring
+from tests.integration.raypods import CONTAINER, ray_pod
 from tests.integration.support import admit, create_workload
-from tests.integration.test_jobs import count_pods
 from tests.objects import GATE, JOBS, PODS, gates_of
 from tests.polling import equals, eventually, holds_for
 from ungater.testing import owner_ref
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
-
-CONTAINER = {"name": "main", "image": "registry.invalid/trainer:1"}
 
 
 def _template(parallelism: int) -> dict[str, Any]:
@@ -114,26 +113,6 @@ async def test_jobset_pod_sets_have_their_own_caps_and_order(
     decision = next(d for d in ctl.decisions.values() if d.active_slice == "jobset-train-a")
     caps = {r.name: r.cap for r in decision.pod_sets}
     assert caps == {"driver": 1, "workers": 3}
-
-
-def ray_pod(
-    rc: dict[str, Any], name: str, labels: dict[str, str], owned: bool = True
-) -> dict[str, Any]:
-    base = {
-        "ray.io/cluster": rc["metadata"]["name"],
-        "app.kubernetes.io/created-by": "kuberay-operator",
-        "app.kubernetes.io/name": "kuberay",
-    }
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "labels": {**base, **labels},
-            "ownerReferences": [owner_ref(rc)] if owned else [],
-        },
-        "spec": {"schedulingGates": [{"name": GATE}], "containers": [CONTAINER]},
-    }
 
 
 async def test_raycluster_head_first_and_whole_multi_host_replicas(

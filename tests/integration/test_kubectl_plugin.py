@@ -15,9 +15,9 @@ import anyio
 import pytest
 import yaml
 
+from tests.integration.jobs import make_job, released_indexes
 from tests.integration.k8s import Kube
 from tests.integration.support import admit, create_workload, running_controller
-from tests.integration.test_jobs import make_job, released_indexes
 from tests.polling import equals, eventually
 from ungater._model.config import Config
 

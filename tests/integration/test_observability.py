@@ -12,14 +12,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.integration import test_deploy
-from tests.integration.test_deploy import render
-from tests.unit.deploy.test_deploy_render import by_kind, one
-from tests.unit.deploy.test_observability import DASHBOARD, dashboard_exprs
+from tests.integration.deploy import render
+from tests.unit.deploy.dashboard import DASHBOARD, dashboard_exprs
+from tests.unit.deploy.deploy_checks import by_kind, one
 
 pytestmark = [pytest.mark.integration]
-
-helm = test_deploy.helm  # the fixture: helm built once into the tools cache
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import anyio
 import pytest
 
 from tests.integration.k8s import RAYCLUSTERS, Kube
+from tests.integration.raypods import CONTAINER, ray_pod
 from tests.integration.support import admit, create_workload
-from tests.integration.test_jobset_raycluster import CONTAINER, ray_pod
 from tests.objects import GATE, PODS, WORKLOADS, gates_of
 from tests.polling import eventually, holds_for
 

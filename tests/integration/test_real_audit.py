@@ -17,9 +17,6 @@ slice and pods it had, and nothing reported that no span had.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +26,10 @@ import anyio
 import pytest
 import yaml
 
+from tests.integration.audits import Reports, one_shot
+from tests.integration.jobs import index
 from tests.integration.k8s import RAYCLUSTERS, Kube
+from tests.integration.realjobs import job_size, pods_of
 from tests.integration.realpeers import (
     KUEUE_GATE,
     Excess,
@@ -42,8 +42,7 @@ from tests.integration.realpeers import (
     kueue_pod_set,
     ray_cluster_spec,
 )
-from tests.integration.test_real_jobs import index, job_size, pods_of
-from tests.integration.test_release_blocked import events_with, observed_controller
+from tests.integration.support import events_with, observed_controller
 from tests.objects import JOBS, PODS, WORKLOADS, gates_of
 from tests.polling import eventually
 from ungater._cli.audit import audit_cluster
@@ -129,23 +128,6 @@ def hold_policy(kueue_cluster: Any, kueue_namespace: str) -> Iterator[None]:
         yield
 
 
-class Reports:
-    """What the controller's auditor reported (counted, logged, announced), and when."""
-
-    def __init__(self, auditor: Any) -> None:
-        self.seen: list[tuple[float, Finding]] = []
-        report = auditor._report
-
-        def spy(f: Finding, wl: Any, version: str) -> None:
-            self.seen.append((time.monotonic(), f))
-            report(f, wl, version)
-
-        setattr(auditor, "_report", spy)  # noqa: B010
-
-    def of(self, finding: str) -> list[tuple[float, Finding]]:
-        return [(t, f) for t, f in self.seen if f.finding == finding]
-
-
 async def workers(kube: Kube, ns: str) -> list[dict[str, Any]]:
     pods = await kube.list(PODS, ns, "ray.io/cluster=rc")
     return [p for p in pods if kueue_pod_set(p) == "workers" and is_live(p)]
@@ -208,17 +190,6 @@ async def scale(kube: Kube, ns: str, replicas: int, delete: list[str] | None = N
             }
         )
     await kube.json_patch(RAYCLUSTERS, ns, "rc", ops)
-
-
-def one_shot(kubeconfig: Path, config_file: Path, ns: str) -> dict[str, Any]:
-    """``ungater audit --json`` as an operator runs it."""
-    cmd = [sys.executable, "-m", "ungater", "audit", "-n", ns, "--json"]
-    cmd += ["--config", str(config_file), "--kubeconfig", str(kubeconfig)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
-    assert proc.returncode in (0, 3), proc.stdout + proc.stderr
-    report: dict[str, Any] = json.loads(proc.stdout)
-    assert (proc.returncode == 3) == any(f["severity"] == "warning" for f in report["findings"])
-    return report
 
 
 def gauge(ctl: Any, finding: str, kind: str = "RayCluster.ray.io") -> str:

@@ -18,18 +18,12 @@ import anyio
 import pytest
 import yaml
 
+from tests.integration.audits import Reports, one_shot
+from tests.integration.jobs import index, scale
 from tests.integration.k8s import Kube
+from tests.integration.realjobs import job_size, pending_slice, pods_of, set_phase
 from tests.integration.realpeers import KUEUE_GATE, SliceWatch, controller_uid, is_live
-from tests.integration.test_real_audit import Reports, one_shot
-from tests.integration.test_real_jobs import (
-    index,
-    job_size,
-    pending_slice,
-    pods_of,
-    scale,
-    set_phase,
-)
-from tests.integration.test_release_blocked import observed_controller
+from tests.integration.support import observed_controller
 from tests.objects import JOBS, PODS, WORKLOADS, gates_of
 from tests.polling import eventually
 from ungater._model.config import Config

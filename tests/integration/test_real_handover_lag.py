@@ -24,13 +24,12 @@ import anyio
 import pytest
 
 from tests.integration.httpproxy import HttpProxy, http_proxy
+from tests.integration.jobs import gone, index, make_job, released_indexes, replacement
 from tests.integration.k8s import Kube
 from tests.integration.monitor import monitoring
+from tests.integration.replicas import LEASE_S, Replica, holder
 from tests.integration.support import admit, create_workload
 from tests.integration.tcpproxy import kubeconfig_via
-from tests.integration.test_jobs import index, make_job, released_indexes
-from tests.integration.test_leader_election import LEASE_S, Replica, holder
-from tests.integration.test_real_late_patch import gone, replacement
 from tests.objects import PODS
 from tests.polling import equals, eventually, holds_for
 

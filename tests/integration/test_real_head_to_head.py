@@ -23,19 +23,12 @@ import anyio
 import pytest
 import yaml
 
+from tests.integration.audits import Reports, one_shot
+from tests.integration.jobs import index, scale
 from tests.integration.k8s import Kube
+from tests.integration.realjobs import pending_slice, pods_of, set_phase, watch
 from tests.integration.realpeers import KUEUE_GATE, UNGATER_GATE, is_live
-from tests.integration.support import config_for, running_controller
-from tests.integration.test_real_audit import Reports, one_shot
-from tests.integration.test_real_jobs import (
-    index,
-    pending_slice,
-    pods_of,
-    scale,
-    set_phase,
-    watch,
-)
-from tests.integration.test_release_blocked import observed_controller
+from tests.integration.support import config_for, observed_controller, running_controller
 from tests.objects import JOBS, gates_of
 from tests.polling import eventually
 from ungater._decide.findings import FOREIGN_GATES, OUT_OF_ORDER

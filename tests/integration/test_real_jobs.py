@@ -13,62 +13,24 @@ from typing import Any
 
 import pytest
 
+from tests.integration.jobs import index, scale
 from tests.integration.k8s import Kube
+from tests.integration.realjobs import pending_slice, pods_of, set_phase, watch
 from tests.integration.realpeers import (
     KUEUE_GATE,
     UNGATER_GATE,
-    controller_uid,
     released_by,
-    slice_watch,
 )
 from tests.integration.support import config_for, running_controller
-from tests.objects import JOBS, PODS, WORKLOADS, gates_of
+from tests.objects import JOBS, PODS, gates_of
 from tests.polling import eventually
 from ungater_devtools.kueue_objects import queued_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 
-def index(p: dict[str, Any]) -> int:
-    return int(p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"])
-
-
-def job_size(job: dict[str, Any]) -> dict[str, int]:
-    spec = job["spec"]
-    return {"main": min(int(spec.get("parallelism", 1)), int(spec.get("completions", 1)))}
-
-
-async def pods_of(kube: Kube, ns: str, job: dict[str, Any]) -> list[dict[str, Any]]:
-    sel = f"batch.kubernetes.io/controller-uid={job['metadata']['uid']}"
-    return [p for p in await kube.list(PODS, ns, sel) if not p["metadata"].get("deletionTimestamp")]
-
-
 async def ours(kube: Kube, ns: str, job: dict[str, Any]) -> list[int]:
     return sorted(index(p) for p in released_by(await pods_of(kube, ns, job), UNGATER_GATE))
-
-
-async def scale(kube: Kube, ns: str, name: str, n: int) -> None:
-    await kube.merge_patch(JOBS, ns, name, {"spec": {"parallelism": n, "completions": n}})
-
-
-async def pending_slice(kube: Kube, ns: str) -> bool:
-    for w in await kube.list(WORKLOADS, ns):
-        conds = {c["type"]: c for c in (w.get("status") or {}).get("conditions") or ()}
-        if conds.get("QuotaReserved", {}).get("status") == "False":
-            return True
-    return False
-
-
-def watch(kube: Kube, ns: str, job: dict[str, Any]) -> Any:
-    return slice_watch(
-        kube,
-        ns,
-        JOBS,
-        job,
-        size_of=job_size,
-        pod_set_of=lambda p: "main",
-        owner_of_pod=controller_uid,
-    )
 
 
 @pytest.mark.kueue_quota(cpu=6)
@@ -116,13 +78,6 @@ async def test_elastic_job_scales_within_the_real_quota(
 
 async def _count(kube: Kube, ns: str, job: dict[str, Any], n: int) -> bool:
     return len(await pods_of(kube, ns, job)) == n
-
-
-async def set_phase(kube: Kube, ns: str, pod: dict[str, Any], phase: str) -> None:
-    """Play the kubelet: the pod ran and ended."""
-    await kube.merge_patch(
-        PODS, ns, pod["metadata"]["name"], {"status": {"phase": phase}}, "status"
-    )
 
 
 @pytest.mark.kueue_quota(cpu=6)

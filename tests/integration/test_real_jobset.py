@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from tests.integration.k8s import JOBSETS, Kube
-from tests.integration.realpeers import KUEUE_GATE, UNGATER_GATE, kueue_pod_set, slice_watch
+from tests.integration.realjobset import jobset, jobset_sizes, jobset_uid, n_pods, scale_jobset
+from tests.integration.realpeers import UNGATER_GATE, kueue_pod_set, slice_watch
 from tests.integration.support import config_for, running_controller
-from tests.objects import PODS
 from tests.polling import eventually
 
 # elastic JobSets: Kueue v0.19.2 refuses them (HTTP 403 "elastic job is not supported")
@@ -24,90 +24,6 @@ pytestmark = [
     pytest.mark.anyio,
     pytest.mark.kueue_version("v0.17.1"),
 ]
-
-
-def jobset(name: str, replicas: int, parallelism: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2",
-        "kind": "JobSet",
-        "metadata": {
-            "name": name,
-            "labels": {"kueue.x-k8s.io/queue-name": "user-queue"},
-            "annotations": {"kueue.x-k8s.io/elastic-job": "true"},
-        },
-        "spec": {
-            "replicatedJobs": [
-                {
-                    "name": "workers",
-                    "replicas": replicas,
-                    "template": {
-                        "spec": {
-                            "parallelism": parallelism,
-                            "completions": parallelism,
-                            "completionMode": "Indexed",
-                            "backoffLimit": 0,
-                            "template": {
-                                "spec": {
-                                    "restartPolicy": "Never",
-                                    "schedulingGates": [
-                                        {"name": UNGATER_GATE},
-                                        {"name": KUEUE_GATE},
-                                    ],
-                                    "containers": [
-                                        {
-                                            "name": "main",
-                                            "image": "registry.invalid/trainer:1",
-                                            "resources": {"requests": {"cpu": "1"}},
-                                        }
-                                    ],
-                                }
-                            },
-                        }
-                    },
-                }
-            ]
-        },
-    }
-
-
-def sizes(js: dict[str, Any]) -> dict[str, int]:
-    if js["spec"].get("suspend"):
-        return {r["name"]: 0 for r in js["spec"]["replicatedJobs"]}
-    out = {}
-    for r in js["spec"]["replicatedJobs"]:
-        spec = r["template"]["spec"]
-        per_job = min(int(spec.get("parallelism", 1)), int(spec.get("completions", 1)))
-        out[r["name"]] = int(r.get("replicas", 1)) * per_job
-    return out
-
-
-def jobset_uid(pod: dict[str, Any]) -> str:
-    return str(pod["metadata"].get("labels", {}).get("jobset.sigs.k8s.io/jobset-uid", ""))
-
-
-async def scale(kube: Kube, ns: str, name: str, n: int) -> None:
-    await kube.json_patch(
-        JOBSETS,
-        ns,
-        name,
-        [
-            {
-                "op": "replace",
-                "path": "/spec/replicatedJobs/0/template/spec/parallelism",
-                "value": n,
-            },
-            {
-                "op": "replace",
-                "path": "/spec/replicatedJobs/0/template/spec/completions",
-                "value": n,
-            },
-        ],
-    )
-
-
-async def n_pods(kube: Kube, ns: str, name: str, n: int) -> bool:
-    pods = await kube.list(PODS, ns, f"jobset.sigs.k8s.io/jobset-name={name}")
-    return sum(1 for p in pods if not p["metadata"].get("deletionTimestamp")) == n
 
 
 @pytest.mark.kueue_quota(cpu=8)
@@ -122,17 +38,17 @@ async def test_elastic_jobset_parallelism_within_the_real_quota(
             ns,
             JOBSETS,
             js,
-            size_of=sizes,
+            size_of=jobset_sizes,
             pod_set_of=kueue_pod_set,
             owner_of_pod=jobset_uid,
         ) as w:
             await w.settle("2 replicas x parallelism 2", expect={"workers": 4})
-            await scale(kueue_kube, ns, "js", 3)
+            await scale_jobset(kueue_kube, ns, "js", 3)
             await w.settle("parallelism 3", expect={"workers": 6})
             # 2 x 6 = 12 CPUs > 8: the slice waits, the new pods stay gated
-            await scale(kueue_kube, ns, "js", 6)
+            await scale_jobset(kueue_kube, ns, "js", 6)
             await eventually(lambda: n_pods(kueue_kube, ns, "js", 12), timeout=30, what="12 pods")
             await w.settle("parallelism 6, beyond quota", expect={"workers": 6})
-            await scale(kueue_kube, ns, "js", 1)
+            await scale_jobset(kueue_kube, ns, "js", 1)
             await eventually(lambda: n_pods(kueue_kube, ns, "js", 2), timeout=30, what="2 pods")
             await w.settle("parallelism 1", expect={"workers": 2})

@@ -30,6 +30,7 @@ import anyio
 import pytest
 
 from tests.integration.k8s import JOBSETS, Kube
+from tests.integration.realjobset import jobset, jobset_sizes, jobset_uid, n_pods, scale_jobset
 from tests.integration.realpeers import (
     UNGATER_GATE,
     is_live,
@@ -38,7 +39,6 @@ from tests.integration.realpeers import (
     slice_watch,
 )
 from tests.integration.support import config_for, running_controller
-from tests.integration.test_real_jobset import jobset, jobset_uid, n_pods, scale, sizes
 from tests.objects import PODS, WORKLOADS, gates_of
 from tests.polling import eventually
 
@@ -115,7 +115,7 @@ async def grow_beyond_quota(w: Any, kube: Kube, ns: str, name: str, cap: int, si
     """The JobSet, admitted for ``cap`` pods, grows to ``size``; the quota is ``cap`` CPUs, so
     its grown slice waits: ``cap`` pods released, the rest gated."""
     await w.settle(f"admitted for {cap}", expect={"workers": cap})
-    await scale(kube, ns, name, size)
+    await scale_jobset(kube, ns, name, size)
     await eventually(lambda: n_pods(kube, ns, name, size), timeout=30, what=f"{size} pods")
     await eventually(lambda: pending_slice(kube, ns), timeout=30, what="a pending slice")
     await w.settle(f"owner of {size}, cap {cap}", expect={"workers": cap})
@@ -141,7 +141,13 @@ def replacement_of(kube: Kube, ns: str, name: str, victim: dict[str, Any]) -> An
 
 def watched(kube: Kube, ns: str, js: dict[str, Any]) -> Any:
     return slice_watch(
-        kube, ns, JOBSETS, js, size_of=sizes, pod_set_of=kueue_pod_set, owner_of_pod=jobset_uid
+        kube,
+        ns,
+        JOBSETS,
+        js,
+        size_of=jobset_sizes,
+        pod_set_of=kueue_pod_set,
+        owner_of_pod=jobset_uid,
     )
 
 

@@ -29,11 +29,11 @@ import anyio
 import pytest
 
 from tests.integration.httpproxy import http_proxy
+from tests.integration.jobs import gone, index, make_job, replacement
 from tests.integration.k8s import Kube
 from tests.integration.monitor import monitoring
 from tests.integration.support import admit, create_workload
 from tests.integration.tcpproxy import kubeconfig_via
-from tests.integration.test_jobs import index, make_job
 from tests.objects import GATE, PODS, gates_of
 from tests.polling import eventually
 
@@ -166,15 +166,3 @@ async def test_a_release_patch_held_past_the_client_timeout_cannot_land_after_an
         finally:
             code = await anyio.to_thread.run_sync(ungater.stop)
         assert code == 0, ungater.text()[-3000:]
-
-
-async def gone(kube: Kube, ns: str, name: str) -> bool:
-    return await kube.get(PODS, ns, name) is None
-
-
-async def replacement(kube: Kube, ns: str, sel: str, old_uid: str) -> dict[str, Any] | None:
-    for p in await kube.list(PODS, ns, sel):
-        meta = p["metadata"]
-        if index(p) == 0 and meta["uid"] != old_uid and not meta.get("deletionTimestamp"):
-            return p
-    return None

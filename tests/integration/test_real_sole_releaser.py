@@ -17,7 +17,9 @@ import anyio
 import pytest
 import yaml
 
+from tests.integration.jobs import index
 from tests.integration.k8s import Kube
+from tests.integration.realjobs import job_size, pending_slice
 from tests.integration.realpeers import (
     KUEUE_GATE,
     SliceWatch,
@@ -26,7 +28,6 @@ from tests.integration.realpeers import (
     is_live,
 )
 from tests.integration.support import config_for, running_controller
-from tests.integration.test_real_jobs import index, job_size, pending_slice
 from tests.objects import JOBS, PODS, WORKLOADS, gates_of
 from tests.polling import eventually
 from tests.seen import cache_holds, owner_key, reconciled, waiting

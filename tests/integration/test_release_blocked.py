@@ -11,24 +11,23 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import anyio
 import pytest
 
+from tests.integration.jobs import index, make_job
 from tests.integration.k8s import Kube
 from tests.integration.monitor import live_released
-from tests.integration.support import admit, config_for, create_workload
-from tests.integration.test_jobs import index, make_job
+from tests.integration.support import (
+    admit,
+    config_for,
+    create_workload,
+    events_with,
+    observed_controller,
+)
 from tests.objects import GATE, PODS
 from tests.polling import eventually, holds_for
 from ungater._cli.explain import explain
-from ungater._controller.controller import Controller
 from ungater._decide.refusals import BLOCKED, CONFLICT, classify_patch_error, server_message
-from ungater._kube.adapter import connect
 from ungater._kube.client import ApiError, Resource
-from ungater._model.config import Config
-from ungater._observe.events import EventRecorder
-from ungater._observe.metrics import Metrics
-from ungater._plugins.registry import PluginRegistry
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -44,7 +43,6 @@ BINDINGS = Resource(
     "validatingadmissionpolicybindings",
     "ValidatingAdmissionPolicyBinding",
 )
-EVENTS = Resource("", "v1", "events", "Event")
 DENIED = "release refused by policy test-deny-release"
 
 
@@ -127,34 +125,6 @@ async def refusal(kube: Kube, ns: str, pod: dict[str, Any]) -> ApiError | None:
     except ApiError as exc:
         return exc
     return None
-
-
-@asynccontextmanager
-async def observed_controller(kubeconfig: Any, config: Config) -> AsyncIterator[Controller]:
-    """The controller with metrics and an Event recorder, as ``ungater run`` wires it."""
-    client = await connect(kubeconfig, qps=config.client.qps, burst=config.client.burst)
-    metrics = Metrics()
-    events = EventRecorder(client, host="test", observer=metrics.observe_event)
-    ctl = Controller(config, client, PluginRegistry.discover(), metrics=metrics, events=events)
-    metrics.bind(ctl)
-    stop = anyio.Event()
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(events.run)
-            tg.start_soon(ctl.run, stop)
-            with anyio.fail_after(30):
-                await ctl.ready.wait()
-            try:
-                yield ctl
-            finally:
-                stop.set()
-                await events.close(2.0)
-    finally:
-        await client.close()
-
-
-async def events_with(kube: Kube, ns: str, reason: str) -> list[dict[str, Any]]:
-    return [e for e in await kube.list(EVENTS, ns) if e.get("reason") == reason]
 
 
 async def test_a_failed_json_patch_test_is_a_conflict_not_a_block(

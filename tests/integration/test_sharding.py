@@ -20,18 +20,17 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.integration.deploy import render
+from tests.integration.jobs import make_job, released_indexes
 from tests.integration.k8s import Kube
 from tests.integration.monitor import monitoring
+from tests.integration.replicas import LEASES, Replica, is_leader
 from tests.integration.support import admit, create_workload
-from tests.integration.test_deploy import helm, render
-from tests.integration.test_jobs import make_job, released_indexes
-from tests.integration.test_leader_election import LEASES, Replica, is_leader
 from tests.polling import equals, eventually
-from tests.unit.deploy.test_deploy_render import one, rendered_config
+from tests.unit.deploy.deploy_checks import one, rendered_config
 from ungater._model.config import Config
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
-__all__ = ["helm"]  # the fixture, imported from test_deploy
 
 LEASE_S = 4.0
 RELEASED = re.compile(

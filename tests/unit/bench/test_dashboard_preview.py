@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from bench.dashboard import render
-from tests.unit.deploy.test_observability import DASHBOARD
+from tests.unit.deploy.dashboard import DASHBOARD
 
 DASH = render.load_json(DASHBOARD)
 

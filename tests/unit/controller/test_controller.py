@@ -21,13 +21,11 @@ from tests.objects import (
     workload,
 )
 from tests.polling import eventually, holds_for
+from tests.unit.controller.fake_jobs import NS, make_config, pods, released_indexes, setup_job
 from tests.unit.harness import running
 from ungater._controller.controller import Controller
-from ungater._model.config import Config
 from ungater._model.errors import StartupError
 from ungater._plugins.registry import PluginRegistry
-
-NS = "team-a"
 
 
 @pytest.fixture
@@ -35,45 +33,10 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def make_config(**overrides: Any) -> Config:
-    raw: dict[str, Any] = {
-        "mode": "release",  # the test plays Kueue: no other releaser
-        "kinds": [{"group": "batch", "kind": "Job"}],
-        "expectationsTimeoutSeconds": 2.0,
-        "watch": {"backoffInitialSeconds": 0.01, "backoffMaxSeconds": 0.05, "silenceSeconds": 5},
-    }
-    raw.update(overrides)
-    return Config.model_validate(raw)
-
-
-def pods(fake: FakeKube) -> list[dict[str, Any]]:
-    return fake.items(PODS, NS)
-
-
-def released_indexes(fake: FakeKube) -> list[int]:
-    return sorted(
-        int(p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"])
-        for p in ungated(pods(fake))
-    )
-
-
 def live_released(fake: FakeKube) -> int:
     return sum(
         1 for p in ungated(pods(fake)) if p["status"]["phase"] not in ("Succeeded", "Failed")
     )
-
-
-def setup_job(fake: FakeKube, n: int, name: str = "train") -> dict[str, Any]:
-    owner = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
-        "spec": {"parallelism": n, "completionMode": "Indexed"},
-    }
-    fake.put(JOBS, owner)  # the Job's size bounds its pod set, so it must exist
-    for i in reversed(range(n)):  # created out of order: order must come from the index
-        fake.put(PODS, job_pod(owner, i))
-    return owner
 
 
 @pytest.mark.anyio

@@ -11,7 +11,7 @@ from tests.clock import ManualClock
 from tests.fakekube import FakeKube
 from tests.objects import GATE, PODS, WORKLOADS, job_pod, with_phase, workload
 from tests.polling import eventually
-from tests.unit.controller.test_controller import NS, make_config, released_indexes, setup_job
+from tests.unit.controller.fake_jobs import NS, make_config, released_indexes, setup_job
 from tests.unit.harness import running
 from ungater._decide.releasable import ReleasableClock
 from ungater._observe.metrics import Metrics

@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
+from tests.unit.deploy.dashboard import DASHBOARD, dashboard_exprs
 from ungater._observe.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "deploy" / "helm" / "ungater"
-DASHBOARD = CHART / "dashboards" / "ungater.json"
 RULES = CHART / "templates" / "prometheusrule.yaml"
 OPERATIONS = ROOT / "docs" / "operations.md"
 _METRIC = re.compile(r"\b((?:ungater|workqueue)_[a-z_]+)")
@@ -26,10 +25,6 @@ def exported() -> set[str]:
 
 def referenced(expr: str) -> set[str]:
     return {re.sub(r"_(bucket|sum|count)$", "", m) for m in _METRIC.findall(expr)}
-
-
-def dashboard_exprs(dashboard: dict[str, Any]) -> list[str]:
-    return [t["expr"] for p in dashboard["panels"] for t in p.get("targets", ())]
 
 
 def test_every_dashboard_query_names_an_exported_metric() -> None:

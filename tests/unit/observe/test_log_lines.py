@@ -11,7 +11,7 @@ import ungater_plugins.job as job_plugin
 from tests.fakekube import FakeKube
 from tests.objects import WORKLOADS, workload
 from tests.polling import eventually
-from tests.unit.controller.test_controller import make_config, setup_job
+from tests.unit.controller.fake_jobs import make_config, setup_job
 from tests.unit.harness import running
 from ungater.plugin_api import hookimpl
 
