@@ -113,7 +113,7 @@ def _kueue_cluster(kubeconfig: Path | None, version: str | None) -> Iterator[tup
     if kubeconfig is not None:
         yield kubeconfig, version or "(given cluster, version not stated)"
         return
-    from ungater_devtools.devcluster.cluster import LocalControlPlane
+    from ungater_devtools.devcluster.environment import LocalControlPlane
 
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
