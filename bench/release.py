@@ -7,9 +7,12 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import anyio
+from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from bench.bed import Bed, settle_seconds
@@ -18,7 +21,7 @@ from bench.machine import CpuMeter
 from bench.objects import CONTROLLER_UID
 from bench.profile import PySpy
 
-__all__ = ["Release", "baseline_release", "release_latency"]
+__all__ = ["Release", "baseline_release", "finished", "go", "raw_process", "release_latency"]
 
 
 @dataclass
@@ -88,6 +91,48 @@ def _raw_args(
     ]
 
 
+@asynccontextmanager
+async def raw_process(
+    bed: Bed,
+    selector: str,
+    qps: float,
+    burst: int,
+    concurrency: int = 32,
+    watch: bool = False,
+    list_timeout: float = 60,
+) -> AsyncIterator[tuple[Process, BufferedByteReceiveStream]]:
+    """``python -m bench.raw`` over the gated pods of ``selector``, listed and waiting for "go"."""
+    args = _raw_args(bed, selector, concurrency, qps, burst, watch)
+    proc = await anyio.open_process(args, stderr=subprocess.DEVNULL)
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        out = BufferedByteReceiveStream(proc.stdout)
+        with anyio.fail_after(list_timeout):
+            ready = await out.receive_until(b"\n", 1024)
+        if not ready.startswith(b"ready"):
+            raise RuntimeError(f"bench.raw did not start: {ready!r}")
+        yield proc, out
+    finally:
+        await stop_process(proc)
+
+
+async def go(proc: Process, out: BufferedByteReceiveStream) -> float:
+    """Tell a ready ``bench.raw`` to start; the moment it was told."""
+    assert proc.stdin is not None
+    t0 = time.monotonic()
+    await proc.stdin.send(b"go\n")
+    return t0
+
+
+async def finished(out: BufferedByteReceiveStream, timeout: float = 60) -> float:
+    """The seconds ``bench.raw`` reports from "go" to its last patch answered."""
+    with anyio.fail_after(timeout):
+        line = await out.receive_until(b"\n", 1024)
+    if not line.startswith(b"done "):
+        raise RuntimeError(f"bench.raw did not finish: {line!r}")
+    return float(line.split()[1])
+
+
 async def baseline_release(
     bed: Bed,
     pods: int,
@@ -105,30 +150,18 @@ async def baseline_release(
     uids = [p["metadata"]["uid"] for _, p in created]
     await bed.observer.seen(uids, timeout=60 + pods / 10)
     selector = f"{CONTROLLER_UID}={job['metadata']['uid']}"
-    args = _raw_args(bed, selector, concurrency, qps, burst, watch)
-    proc = await anyio.open_process(args, stderr=subprocess.DEVNULL)
-    try:
-        assert proc.stdin is not None and proc.stdout is not None
-        out = BufferedByteReceiveStream(proc.stdout)
-        with anyio.fail_after(60):
-            ready = await out.receive_until(b"\n", 1024)
-        if not ready.startswith(b"ready"):
-            raise RuntimeError(f"bench.raw did not start: {ready!r}")
+    async with raw_process(bed, selector, qps, burst, concurrency, watch) as (proc, out):
         await anyio.sleep(settle_seconds(0))
         if profile is not None:
             await profile.start(proc.pid)
         meter = CpuMeter({**(pids or {}), "bench.raw": proc.pid, "harness": os.getpid()})
         meter.start()
-        t0 = time.monotonic()
-        await proc.stdin.send(b"go\n")
+        t0 = await go(proc, out)
         t1 = await bed.observer.released(uids, timeout=60 + pods / 5)
         cpu = meter.stop()
         if profile is not None:
             await profile.stop()
         first = min(bed.observer.released_at[u] for u in uids)
-        with anyio.fail_after(60):
-            await out.receive_until(b"\n", 1024)
-    finally:
-        await stop_process(proc)
+        await finished(out)
     await bed.clean(pods)
     return Release(pods, t1 - t0, first - t0, cpu)

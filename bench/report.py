@@ -139,6 +139,28 @@ def _scale_rows(sc: dict[str, Any]) -> list[Row]:
         rows.append(_row(label, cfg, sc["release_all_seconds"]))
         relists = f" ({sc['relists']} relists)" if "relists" in sc else ""
         rows.append(_row(f"peak RSS (VmHWM) after release-all{relists}", cfg, sc["peak_rss_mb"]))
+    if "raw" in sc:
+        rows.extend(_raw_release_all_rows(sc))
+    return rows
+
+
+def _raw_release_all_rows(sc: dict[str, Any]) -> list[Row]:
+    """The raw PATCH loop at the release-all's scale, and the controller against it."""
+    raw, vs, cfg = sc["raw"], sc.get("release_all_vs_raw"), sc["config"]
+    label = f"raw PATCH loop, same admissions: all {raw['pods']} released"
+    rows = [_row(label, cfg, summarize([raw["release_all_seconds"]], "s"))]
+    if vs is not None:
+        rows.append(
+            _row("release-all rate ratio (controller / raw loop)", cfg, _ratio(vs["ratio"]))
+        )
+        for who in ("controller", "raw"):
+            cpu = summarize([vs[f"cpu_per_1000_{who}"]], "CPU-s")
+            rows.append(_row(f"release-all CPU per 1000 released: {who}", cfg, cpu))
+        rows.append(
+            _row(
+                "release-all CPU per release ratio (controller / raw)", cfg, _ratio(vs["cpu_ratio"])
+            )
+        )
     return rows
 
 

@@ -29,7 +29,7 @@ from bench.observer import PodObserver
 from bench.profile import PySpy
 from bench.reconcile_cost import reconcile_cost
 from bench.report import table_rows
-from bench.scale import scale
+from bench.scale import release_all_comparison, scale
 from bench.sizes import Sizes
 from bench.stats import summarize
 from bench.throughput import throughput_run
@@ -271,7 +271,15 @@ async def _scale(opts: Options, bed: Bed) -> dict[str, Any]:
     def start(label: str) -> ControllerProcess:
         return ControllerProcess(opts.kubeconfig, config, opts.workdir, label)
 
-    raw = await scale(bed, s.scale_workloads, s.scale_pods_each, s.scale_restarts, start)
+    raw = await scale(
+        bed,
+        s.scale_workloads,
+        s.scale_pods_each,
+        s.scale_restarts,
+        start,
+        _limits(raised=False),
+        opts.plane_pids,
+    )
     out: dict[str, Any] = {k: v for k, v in raw.items() if not isinstance(v, list)}
     out["config"] = "default"
     out["sync_seconds"] = summarize(raw["sync_seconds"], "s")
@@ -281,6 +289,8 @@ async def _scale(opts: Options, bed: Bed) -> dict[str, Any]:
     for key, unit in (("release_all_seconds", "s"), ("peak_rss_mb", "MB")):
         if key in raw:
             out[key] = summarize([raw[key]], unit)
+    if "raw" in raw and "release_all_seconds" in raw:
+        out["release_all_vs_raw"] = release_all_comparison(raw, raw["raw"])
     return out
 
 

@@ -3,10 +3,18 @@
 The controller is started over them several times (slices pending) to measure the time to
 sync its caches and its memory once synced; then, in the last run, every slice is admitted at
 once and the harness times until all pods are released, reading the peak memory after.
+
+Then the raw baseline at the same scale: the namespace is filled again with as many Jobs and
+gated pods, and ``python -m bench.raw`` (the guarded PATCH loop alone, with the controller's
+default QPS, burst and patch concurrency) releases them all while the harness writes the same
+admissions as before, so the API server carries the same writes in both windows. What the
+controller loses to the loop at this size is its own cost; what both lose is the API server's.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,6 +25,9 @@ from bench.api import bounded_gather
 from bench.bed import Bed, ElasticJob, settle_seconds
 from bench.controller_proc import ControllerProcess
 from bench.creator import populate
+from bench.machine import CpuMeter
+from bench.objects import BENCH_LABEL
+from bench.release import finished, go, raw_process
 
 __all__ = ["scale"]
 
@@ -25,9 +36,16 @@ _SETTLE_MAX_S = 15.0  # "a few seconds after sync", also at 100k pods
 
 
 async def scale(
-    bed: Bed, workloads: int, pods_each: int, restarts: int, controller: StartController
+    bed: Bed,
+    workloads: int,
+    pods_each: int,
+    restarts: int,
+    controller: StartController,
+    limits: tuple[float, int],
+    plane_pids: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Sync times, RSS after sync (and a few seconds later), then the admit-all release."""
+    """Sync times, RSS after sync (and a few seconds later), the admit-all release, then the
+    raw loop's release-all at the same scale with the controller's client ``limits``."""
     jobs, setup = await populate(bed, workloads, pods_each)
     total = workloads * pods_each
     out: dict[str, Any] = {
@@ -51,40 +69,133 @@ async def scale(
                 await anyio.sleep(min(settle_seconds(total), _SETTLE_MAX_S))
                 out["rss_settled_mb"].append(proc.memory()["VmRSS"])
                 if i == restarts - 1:
-                    out.update(await _release_all(bed, jobs, pods_each, proc))
+                    pids = {**(plane_pids or {}), "controller": proc.pid}
+                    out.update(await _release_all(bed, jobs, pods_each, proc, pids))
             finally:
                 await proc.stop()
     try:
         await bed.clean(total)
     except Exception as exc:  # the figures above stand; say why the namespace may not be empty
         out["clean_error"] = repr(exc)
+        return out
+    out["raw"] = await _raw_release_all(bed, workloads, pods_each, limits, plane_pids or {})
     return out
 
 
-async def _release_all(
-    bed: Bed, jobs: list[ElasticJob], pods_each: int, proc: ControllerProcess
-) -> dict[str, Any]:
+def _admissions(
+    bed: Bed, jobs: list[ElasticJob], pods_each: int
+) -> list[Callable[[], Awaitable[float]]]:
     def admit(ej: ElasticJob) -> Callable[[], Awaitable[float]]:
         async def go() -> float:
             return await bed.api.admit(bed.namespace, ej.slice_name, pods_each)
 
         return go
 
+    return [admit(ej) for ej in jobs]
+
+
+def _deadline(t0: float, total: int) -> float:
+    return t0 + 120 + total / 20  # 20 pods/s at the least, far below the default QPS
+
+
+async def _release_all(
+    bed: Bed,
+    jobs: list[ElasticJob],
+    pods_each: int,
+    proc: ControllerProcess,
+    pids: dict[str, int],
+) -> dict[str, Any]:
+    meter = CpuMeter({**pids, "harness": os.getpid()})
+    meter.start()
     t0 = time.monotonic()
-    await bounded_gather([admit(ej) for ej in jobs], concurrency=32)
+    await bounded_gather(_admissions(bed, jobs, pods_each), concurrency=32)
     last = 0.0
     total = len(jobs) * pods_each
-    deadline = t0 + 120 + total / 20  # 20 pods/s at the least, far below the default QPS
+    deadline = _deadline(t0, total)
     for ej in jobs:
         left = max(deadline - time.monotonic(), 1.0)
         last = max(last, await bed.observer.owner_released(ej.uid, pods_each, timeout=left))
+    cpu = meter.stop()
     mem = proc.memory()
     return {
         "release_all_seconds": last - t0,
-        "release_all_pods_per_s": len(jobs) * pods_each / (last - t0),
+        "release_all_pods_per_s": total / (last - t0),
+        "release_all_cpu": cpu,
         "rss_after_release_mb": mem["VmRSS"],
         "peak_rss_mb": mem["VmHWM"],
         # a relist holds a second copy of what changed: say whether the peak includes one
         "relists": proc.count("gone, relisting"),
         "watch_restarts": sum(proc.count(f"watch {w}") for w in ("failed", "silent", "error")),
+    }
+
+
+async def _raw_release_all(
+    bed: Bed,
+    workloads: int,
+    pods_each: int,
+    limits: tuple[float, int],
+    plane_pids: dict[str, int],
+) -> dict[str, Any]:
+    """The same scale released by the raw loop: from "go" (and the first admission written) to
+    the last pod seen released, under the same admission writes as the controller's run."""
+    jobs, setup = await populate(bed, workloads, pods_each)
+    uids = [u for ej in jobs for u in ej.pod_uids()]
+    total = len(uids)
+    selector = f"{BENCH_LABEL}={bed.run}"
+    qps, burst = limits
+    async with raw_process(bed, selector, qps, burst, list_timeout=60 + total / 500) as (
+        proc,
+        out,
+    ):
+        await anyio.sleep(min(settle_seconds(total), _SETTLE_MAX_S))
+        meter = CpuMeter({**plane_pids, "bench.raw": proc.pid, "harness": os.getpid()})
+        meter.start()
+        async with anyio.create_task_group() as tg:
+            t0 = await go(proc, out)
+            tg.start_soon(bounded_gather, _admissions(bed, jobs, pods_each), 32)
+            left = max(_deadline(t0, total) - time.monotonic(), 1.0)
+            last = await bed.observer.released(uids, timeout=left)
+        cpu = meter.stop()
+        reported = await finished(out)
+    result: dict[str, Any] = {
+        "pods": total,
+        "qps": qps,
+        "burst": burst,
+        "setup": setup,
+        "release_all_seconds": last - t0,
+        "release_all_pods_per_s": total / (last - t0),
+        "reported_seconds": reported,  # the loop's own clock: "go" to its last answer
+        "release_all_cpu": cpu,
+    }
+    try:
+        await bed.clean(total)
+    except Exception as exc:
+        result["clean_error"] = repr(exc)
+    return result
+
+
+def _cpu_per_1000(window: dict[str, float], process: str, pods: int) -> float:
+    """CPU seconds ``process`` spent in a release-all window, per 1000 pods released."""
+    cores = window.get(process)
+    if cores is None or not pods:
+        return math.nan
+    return cores * window["wall_seconds"] / pods * 1000
+
+
+def release_all_comparison(ours: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
+    """The controller's release-all against the raw loop's at the same scale: rate ratio, CPU
+    per release, and the API server's and the machine's cores in each window."""
+    mine, theirs = ours["release_all_cpu"], raw["release_all_cpu"]
+    cpu_ctl = _cpu_per_1000(mine, "controller", ours["pods"])
+    cpu_raw = _cpu_per_1000(theirs, "bench.raw", raw["pods"])
+    return {
+        "ratio": ours["release_all_pods_per_s"] / raw["release_all_pods_per_s"],
+        "cpu_per_1000_controller": cpu_ctl,
+        "cpu_per_1000_raw": cpu_raw,
+        "cpu_ratio": cpu_ctl / cpu_raw if cpu_raw else math.nan,
+        "apiserver_cores": (
+            mine.get("kube-apiserver", math.nan),
+            theirs.get("kube-apiserver", math.nan),
+        ),
+        "machine_cores": (mine.get("machine", math.nan), theirs.get("machine", math.nan)),
     }

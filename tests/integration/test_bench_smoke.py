@@ -87,6 +87,10 @@ def test_quick_bench_run_reports_every_metric(control_plane: Any, tmp_path: Path
     _sane(sc["release_all_seconds"], 0, 120)
     _sane(sc["peak_rss_mb"], 10, 4000)
     assert sc["setup"]["pods_created_per_second"] > 0
+    assert sc["raw"]["pods"] == sc["pods"]  # the raw loop released as many, all seen
+    assert 0 < sc["raw"]["release_all_seconds"] < 120
+    vs = sc["release_all_vs_raw"]
+    assert 0 < vs["ratio"] < 100 and 0 < vs["cpu_per_1000_raw"] < 1000
 
     rc = m["reconcile_cost"]
     for mode in ("releasing", "idle"):
