@@ -71,7 +71,7 @@ class Reconciler:
             return self._audit(key, rt, owner, slices)
         if any(u.key == key for u in s.uncertain.values()):
             await self.settler.settle_uncertain(key, rt)
-        if s.expectations.pending(key):
+        if s.expectations.has_pending(key):
             expired = s.expectations.expired(key)
             if not expired:
                 wait = s.expectations.next_deadline(key) or 0.0

@@ -9,11 +9,17 @@ Each expectation also names the *view* that must show it: the pod index the deci
 A pod can sit in several indexes (a JobSet's pods are also in the Job kind's pod watch, which
 may run ahead); only the deciding view's event may clear it, or a decision could be taken on
 a view older than our own write.
+
+A reconcile that finds its owner still waiting asks only "anything pending, any deadline
+passed, when is the next": each answer is O(1) (one counter of deadlines per owner: every
+pod of one ``expect`` shares its deadline), so the watch events of a 1000-pod wave, each of
+which wakes the owner, cost no scan of the 1000.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
 
 __all__ = ["Expectations"]
@@ -28,18 +34,17 @@ class Expectations:
         self._by_key: dict[Hashable, dict[str, float]] = {}
         self._key_of: dict[str, Hashable] = {}
         self._view_of: dict[str, Hashable] = {}
+        self._deadlines: dict[Hashable, Counter[float]] = {}  # per key: deadline -> pods
         self.expired_total = 0
 
     def expect(self, key: Hashable, uids: Iterable[str], view: Hashable = ANY_VIEW) -> None:
         """Record ``uids`` as in flight for ``key``, to be cleared by an event of ``view``."""
         deadline = self.clock() + self.timeout
-        bucket = self._by_key.setdefault(key, {})
         for uid in uids:
-            previous = self._key_of.get(uid)
-            if previous is not None and previous != key:
-                self.observe(uid)  # a pod is expected under one owner at a time
-                bucket = self._by_key.setdefault(key, {})
-            bucket[uid] = deadline
+            if uid in self._key_of:
+                self.observe(uid)  # one expectation per pod, under one owner: the newest
+            self._by_key.setdefault(key, {})[uid] = deadline
+            self._deadlines.setdefault(key, Counter())[deadline] += 1
             self._key_of[uid] = key
             self._view_of[uid] = view
 
@@ -56,28 +61,39 @@ class Expectations:
         self._view_of.pop(uid, None)
         if key is None:
             return None
-        bucket = self._by_key.get(key)
-        if bucket is not None:
-            bucket.pop(uid, None)
-            if not bucket:
-                del self._by_key[key]
+        bucket = self._by_key[key]
+        deadline = bucket.pop(uid)
+        counts = self._deadlines[key]
+        counts[deadline] -= 1
+        if not counts[deadline]:
+            del counts[deadline]
+        if not bucket:
+            del self._by_key[key]
+            del self._deadlines[key]
         return key
 
     def pending(self, key: Hashable) -> frozenset[str]:
         return frozenset(self._by_key.get(key, ()))
 
+    def has_pending(self, key: Hashable) -> bool:
+        return key in self._by_key
+
     def expired(self, key: Hashable) -> frozenset[str]:
+        counts = self._deadlines.get(key)
         now = self.clock()
-        return frozenset(u for u, d in self._by_key.get(key, {}).items() if d <= now)
+        if not counts or min(counts) > now:
+            return frozenset()  # none has passed: no scan of the pods
+        return frozenset(u for u, d in self._by_key[key].items() if d <= now)
 
     def next_deadline(self, key: Hashable) -> float | None:
-        bucket = self._by_key.get(key)
-        return min(bucket.values()) - self.clock() if bucket else None
+        counts = self._deadlines.get(key)
+        return min(counts) - self.clock() if counts else None
 
     def forget_key(self, key: Hashable) -> None:
         for uid in self._by_key.pop(key, {}):
             self._key_of.pop(uid, None)
             self._view_of.pop(uid, None)
+        self._deadlines.pop(key, None)
 
     def __len__(self) -> int:
         return len(self._key_of)

@@ -159,3 +159,45 @@ def test_our_own_request_outcome_clears_whatever_the_view(exp: Expectations) -> 
     exp.forget_key("k")
     exp.expect("k2", ["u3"])  # the view is not remembered across a forgotten key
     assert exp.observe("u3", view="Job") == "k2"
+
+
+def test_the_next_deadline_follows_the_pods_still_expected(
+    exp: Expectations, clock: FakeClock
+) -> None:
+    exp.expect("owner", ["early-1", "early-2"])  # deadline 1030
+    clock.advance(10)
+    exp.expect("owner", ["late"])  # deadline 1040
+    assert exp.has_pending("owner")
+    assert exp.next_deadline("owner") == pytest.approx(20.0)
+    exp.observe("early-1")
+    assert exp.next_deadline("owner") == pytest.approx(20.0)  # early-2 still waits
+    exp.observe("early-2")
+    assert exp.next_deadline("owner") == pytest.approx(30.0)
+    clock.advance(25)  # 1035: past the early deadline only, and nothing expected there now
+    assert exp.expired("owner") == frozenset()
+    clock.advance(5)
+    assert exp.expired("owner") == {"late"}
+    exp.observe("late")
+    assert not exp.has_pending("owner")
+    assert exp.next_deadline("owner") is None
+
+
+def test_a_re_expected_pod_keeps_only_its_newest_deadline(
+    exp: Expectations, clock: FakeClock
+) -> None:
+    exp.expect("owner", ["a", "b"])  # 1030
+    clock.advance(10)
+    exp.expect("owner", ["a"])  # 1040 for a; b keeps 1030
+    clock.advance(20)  # 1030
+    assert exp.expired("owner") == {"b"}
+    exp.observe("b")
+    assert exp.expired("owner") == frozenset()
+    assert exp.next_deadline("owner") == pytest.approx(10.0)
+
+
+def test_a_forgotten_owner_has_no_deadline_left(exp: Expectations) -> None:
+    exp.expect("owner", ["a"])
+    exp.forget_key("owner")
+    assert not exp.has_pending("owner")
+    assert exp.next_deadline("owner") is None
+    assert exp.expired("owner") == frozenset()
