@@ -38,6 +38,7 @@ class PodObserver:
         self.owner_of: dict[str, str] = {}
         self.seen_at: dict[str, float] = {}
         self.released_at: dict[str, float] = {}
+        self.release_order: list[str] = []  # uids as first seen released: waiters read the tail
         self.released_by_owner: dict[str, list[float]] = defaultdict(list)
         self.pods_by_owner: dict[str, set[str]] = defaultdict(set)
         self.events = 0
@@ -64,6 +65,7 @@ class PodObserver:
             self.pods_by_owner[owner].add(uid)
         if was and not gated and uid not in self.released_at:
             self.released_at[uid] = now
+            self.release_order.append(uid)
             self.released_by_owner[owner].append(now)
 
     def _notify(self) -> None:
@@ -109,10 +111,15 @@ class PodObserver:
 
     async def released(self, uids: Collection[str], timeout: float) -> float:
         """Wait until every pod in ``uids`` is seen released; the moment the last one was."""
-        remaining = set(uids)
+        remaining = set(uids).difference(self.released_at)
+        read = len(self.release_order)
 
         def done() -> bool:
-            remaining.difference_update([u for u in remaining if u in self.released_at])
+            # only the releases since the last look: a scan of every pod still waiting, per
+            # wake-up, took the harness half a core at 100k pods, from the API server's share
+            nonlocal read
+            remaining.difference_update(self.release_order[read:])
+            read = len(self.release_order)
             return not remaining
 
         await self._until(done, timeout, f"{len(uids)} pods released")
