@@ -28,8 +28,9 @@ from bench.creator import populate
 from bench.machine import CpuMeter
 from bench.objects import BENCH_LABEL
 from bench.release import finished, go, raw_process
+from bench.throughput import cpu_seconds_per_1000
 
-__all__ = ["scale"]
+__all__ = ["release_all_comparison", "scale"]
 
 StartController = Callable[[str], ControllerProcess]
 _SETTLE_MAX_S = 15.0  # "a few seconds after sync", also at 100k pods
@@ -174,20 +175,12 @@ async def _raw_release_all(
     return result
 
 
-def _cpu_per_1000(window: dict[str, float], process: str, pods: int) -> float:
-    """CPU seconds ``process`` spent in a release-all window, per 1000 pods released."""
-    cores = window.get(process)
-    if cores is None or not pods:
-        return math.nan
-    return cores * window["wall_seconds"] / pods * 1000
-
-
 def release_all_comparison(ours: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
     """The controller's release-all against the raw loop's at the same scale: rate ratio, CPU
     per release, and the API server's and the machine's cores in each window."""
     mine, theirs = ours["release_all_cpu"], raw["release_all_cpu"]
-    cpu_ctl = _cpu_per_1000(mine, "controller", ours["pods"])
-    cpu_raw = _cpu_per_1000(theirs, "bench.raw", raw["pods"])
+    cpu_ctl = cpu_seconds_per_1000(mine, "controller", ours["pods"]) or math.nan
+    cpu_raw = cpu_seconds_per_1000(theirs, "bench.raw", raw["pods"]) or math.nan
     return {
         "ratio": ours["release_all_pods_per_s"] / raw["release_all_pods_per_s"],
         "cpu_per_1000_controller": cpu_ctl,

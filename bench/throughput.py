@@ -16,7 +16,7 @@ from typing import Any
 from bench.release import Release
 from bench.stats import summarize
 
-__all__ = ["cpu_per_1000", "spread", "throughput_run"]
+__all__ = ["cpu_per_1000", "cpu_seconds_per_1000", "spread", "throughput_run"]
 
 
 def spread(samples: Sequence[float]) -> float:
@@ -27,13 +27,19 @@ def spread(samples: Sequence[float]) -> float:
     return (max(samples) - min(samples)) / mid if mid else math.nan
 
 
-def cpu_per_1000(r: Release, process: str) -> float | None:
-    """CPU seconds ``process`` spent in the window, per 1000 pods released in it."""
-    cores = r.cpu.get(process)
-    wall = r.cpu.get("wall_seconds")
-    if cores is None or wall is None or not r.pods:
+def cpu_seconds_per_1000(window: dict[str, float], process: str, pods: int) -> float | None:
+    """CPU seconds ``process`` spent in a metered window (``CpuMeter.stop``), per 1000 pods
+    released in it."""
+    cores = window.get(process)
+    wall = window.get("wall_seconds")
+    if cores is None or wall is None or not pods:
         return None
-    return cores * wall / r.pods * 1000
+    return cores * wall / pods * 1000
+
+
+def cpu_per_1000(r: Release, process: str) -> float | None:
+    """CPU seconds ``process`` spent in the release's window, per 1000 pods released in it."""
+    return cpu_seconds_per_1000(r.cpu, process, r.pods)
 
 
 def _cpu(samples: Sequence[Release], process: str) -> dict[str, Any]:
