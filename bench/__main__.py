@@ -67,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--preset", choices=sorted(PRESETS), help="full sizes, larger where named")
     run.add_argument("--scale-pods", type=int, help="pods of the scale case (all Jobs)")
     run.add_argument("--scale-workloads", type=int, help="Jobs (workloads) of the scale case")
+    run.add_argument(
+        "--workers", type=int, help="the controller's reconcile workers (default: its own)"
+    )
     run.add_argument("--delete-namespaces", action="store_true")
     return p
 
@@ -84,6 +87,7 @@ def _options(
         py_spy=shutil.which(args.py_spy) if args.py_spy else None,
         delete_namespaces=args.delete_namespaces,
         runs=args.runs,
+        workers=args.workers,
     )
 
 

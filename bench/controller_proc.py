@@ -30,8 +30,9 @@ _STOP_GRACE_S = 15.0
 _MAX_LINE = 1 << 20
 
 
-def controller_config(namespace: str, raised: bool) -> dict[str, Any]:
-    """The config file: one namespace, batch/v1 Job only; ``raised`` lifts the client limits.
+def controller_config(namespace: str, raised: bool, workers: int | None = None) -> dict[str, Any]:
+    """The config file: one namespace, batch/v1 Job only; ``raised`` lifts the client limits,
+    ``workers`` (when given) replaces the default number of reconcile workers.
 
     Two settings differ from a user's for the shared machine only: the probe server listens on
     a free loopback port (not ``:8080``), and the Lease has its own name, so a stale Lease of
@@ -47,6 +48,8 @@ def controller_config(namespace: str, raised: bool) -> dict[str, Any]:
     }
     if raised:
         config["client"] = {"qps": 100000, "burst": 100000}
+    if workers is not None:
+        config["workers"] = workers
     return config
 
 

@@ -62,6 +62,7 @@ class Options:
     py_spy: str | None = None
     delete_namespaces: bool = False
     runs: int = 3  # of the throughput case (each: the size's repeats, interleaved)
+    workers: int | None = None  # the controller's reconcile workers (None: its default)
     plane_pids: dict[str, int] = field(default_factory=dict)
 
 
@@ -88,7 +89,7 @@ async def _with_controller(
     """Every scenario that needs the controller running under one client config."""
     out: dict[str, Any] = {}
     proc = ControllerProcess(
-        opts.kubeconfig, controller_config(opts.namespace, raised), opts.workdir, label
+        opts.kubeconfig, controller_config(opts.namespace, raised, opts.workers), opts.workdir, label
     )
     async with anyio.create_task_group() as tg:
         await proc.start(tg)
@@ -255,6 +256,7 @@ async def run_all(opts: Options) -> dict[str, Any]:
             "load_average_before": load_before,
             "load_average_after": load_average(),
             "sizes": asdict(opts.sizes),
+            "workers": opts.workers,  # None: the controller's default
             "namespace": opts.namespace,
             "control_plane_pids": opts.plane_pids,
         },
@@ -266,7 +268,7 @@ async def run_all(opts: Options) -> dict[str, Any]:
 
 async def _scale(opts: Options, bed: Bed) -> dict[str, Any]:
     s = opts.sizes
-    config = controller_config(opts.namespace, raised=False)
+    config = controller_config(opts.namespace, raised=False, workers=opts.workers)
 
     def start(label: str) -> ControllerProcess:
         return ControllerProcess(opts.kubeconfig, config, opts.workdir, label)

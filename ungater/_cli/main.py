@@ -269,6 +269,7 @@ async def _run(args: argparse.Namespace, config: Config, registry: PluginRegistr
             try:
                 ctl = await serve(config, client, registry, stop)
                 error = ctl.fatal_error  # e.g. standDown.action: exit
+                log.info("totals: %s", ctl.stats.summary())
             except StartupError as exc:
                 error = str(exc)
             except OSError as exc:  # the HTTP server's port is taken, for one

@@ -41,6 +41,9 @@ __all__ = ["Controller"]
 
 log = logging.getLogger("ungater.controller")
 
+#: How long after a term starts a cache may still be behind that start before it is relisted.
+CATCH_UP_AFTER_S = 2.0
+
 
 class Controller:
     def __init__(
@@ -226,10 +229,25 @@ class Controller:
         self.state.term_rv = resource_version_number(term.resource_version) or 0
         self.state.proven = set()
         try:
-            await self._workers()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._catch_up, self.state.term_rv)
+                await self._workers()
+                tg.cancel_scope.cancel()
         finally:
             if term.lost.is_set():
                 log.warning("lost leadership (term %d): stopped acting", term.number)
+
+    async def _catch_up(self, term_rv: int) -> None:
+        """Relist every cache still behind the term's start after a moment: until all are past
+        it each owner is proven by quorum reads of its own, and a cache that sees no change
+        (the owners, while only pods move) would never get past it by its watch alone."""
+        if not term_rv:
+            return  # no order to compare with: every owner is proven by its own reads
+        await anyio.sleep(CATCH_UP_AFTER_S)  # a busy cache gets past it by its own events
+        for r in self.reflectors:
+            if (resource_version_number(r.resource_version) or -1) < term_rv:
+                log.info("%s: behind the start of this term: relisting", r.name)
+                r.relist_soon()
 
     async def _wait_synced(self) -> None:
         for r in self.reflectors:

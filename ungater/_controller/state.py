@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import anyio
@@ -105,6 +105,11 @@ class Stats:
     proof_reads: int = 0  # a new term's quorum reads of an owner's pods
     foreign_releases: int = 0
     skipped_kinds: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """The counters that are not zero, for the line a run ends with."""
+        counts = [f"{f.name}={getattr(self, f.name)}" for f in fields(self) if f.type == "int"]
+        return ", ".join(c for c in counts if not c.endswith("=0")) or "nothing done"
 
 
 #: How many deleted pods ``State.gone`` remembers: far more than a lagging watch replays.

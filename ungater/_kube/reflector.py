@@ -71,6 +71,8 @@ class Reflector(Generic[V]):
         self.synced = anyio.Event()
         self.resource_version = ""
         self.stats = ReflectorStats()
+        self._relist_wanted = False
+        self._watching: anyio.CancelScope | None = None
 
     @property
     def name(self) -> str:
@@ -164,26 +166,41 @@ class Reflector(Generic[V]):
         self.resource_version = rv
         self.synced.set()
 
+    def relist_soon(self) -> None:
+        """End the watch and list again: a quorum list brings a quiet cache past a given
+        resourceVersion at once, where its watch would only show it at the next change."""
+        self._relist_wanted = True
+        if self._watching is not None:
+            self._watching.cancel()
+
     async def run(self) -> None:
         """Run until cancelled."""
         backoff = self.backoff_initial
         need_list = True
         while True:
             try:
+                if self._relist_wanted:
+                    self._relist_wanted = False
+                    need_list = True
                 if need_list:
                     await self.relist()
                     need_list = False
-                async for event in self.client.watch(
-                    self.resource,
-                    self.namespace,
-                    self.resource_version,
-                    self.label_selector,
-                    self.timeout_seconds,
-                    self.silence_seconds,
-                ):
-                    self.apply(event)
-                    backoff = self.backoff_initial
-                continue  # the server ended the stream at timeoutSeconds: watch again
+                try:
+                    with anyio.CancelScope() as self._watching:
+                        if not self._relist_wanted:  # (asked for while listing)
+                            async for event in self.client.watch(
+                                self.resource,
+                                self.namespace,
+                                self.resource_version,
+                                self.label_selector,
+                                self.timeout_seconds,
+                                self.silence_seconds,
+                            ):
+                                self.apply(event)
+                                backoff = self.backoff_initial
+                finally:
+                    self._watching = None
+                continue  # the server ended the stream at timeoutSeconds (or relist_soon)
             except GoneError:
                 self.stats.relists_gone += 1
                 log.info("%s: resourceVersion %s gone, relisting", self.name, self.resource_version)

@@ -29,6 +29,7 @@ from tests.objects import JOBS, WORKLOADS
 from tests.polling import eventually, holds_for
 from tests.unit.harness import running
 from tests.unit.podfactory import GATE, NAMESPACE, job, job_pod, workload
+import ungater._controller.controller as controller_module
 from ungater._decide.indexes import OwnerKey
 from ungater._kube.client import PODS, ApiError
 from ungater._model.config import Config
@@ -143,6 +144,35 @@ async def test_a_new_leader_on_a_lagging_cache_does_not_release_past_the_old_lea
         fake.put(WORKLOADS, workload(other, {"main": 1}, admitted={"main": 1}))
         await eventually(lambda: live_released(fake) == 2, what="the second Job's pod")
         assert standby.stats.proof_reads == reads
+
+
+@pytest.mark.anyio
+async def test_a_new_leader_relists_the_caches_still_behind_its_term_then_reads_no_proofs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cache that sees no change (here the Jobs and Workloads) never passes the term's start
+    by its watch: without a relist every owner of the term would be proven by reads of its own."""
+    monkeypatch.setattr(controller_module, "CATCH_UP_AFTER_S", 0.05)
+    fake = FakeKube()
+    j = fake.put(JOBS, job("train", parallelism=1, completions=1))
+    elector = HandOver(fake)
+    async with running(fake, config(), elector=elector) as ctl:
+        rt = ctl.kinds[next(iter(ctl.kinds))]
+        fake.put(PODS, job_pod(j, index=0, created=1))  # only the pod cache moves on
+        await eventually(lambda: len(rt.pods) == 1, what="the pod in the cache")
+        lists = sum(r.stats.lists for r in ctl.reflectors)
+        elector.go.set()
+        await eventually(lambda: ctl.state.term_rv > 0, what="the term")
+
+        def caught_up() -> bool:
+            return all(int(r.resource_version) >= ctl.state.term_rv for r in ctl.reflectors)
+
+        await eventually(caught_up, what="every cache past the term's start")
+        behind = sum(r.stats.lists for r in ctl.reflectors) - lists
+        assert behind == len(ctl.reflectors) - 1  # all but the pod cache were relisted
+        fake.put(WORKLOADS, workload(j, {"main": 1}, admitted={"main": 1}))
+        await eventually(lambda: live_released(fake) == 1, what="the release")
+        assert ctl.stats.proof_reads == 0 and ctl.state.proven is None
 
 
 # -- 2. a patch that lands after the client gave up ----------------------------------------------

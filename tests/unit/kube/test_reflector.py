@@ -211,3 +211,24 @@ async def test_relist_keeps_the_stored_view_of_an_unchanged_object() -> None:
     assert r.store["a"] is first_a
     assert r.store["b"] == ["w"] and r.store["b"] is not first_b
     assert changes == [(first_a, first_a), (first_b, ["w"])]
+
+
+@pytest.mark.anyio
+async def test_relist_soon_ends_a_quiet_watch_and_watches_on_from_the_new_list() -> None:
+    script = Script([([obj("a", 1)], "10"), ([obj("a", 1), obj("b", 45)], "50")], [])
+    changes: list[tuple[Any, Any]] = []
+    r = make(script, changes)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(r.run)
+        with anyio.fail_after(5):
+            await script.done.wait()  # watching from the first list, and nothing comes
+            assert r.resource_version == "10" and len(script.list_calls) == 1
+            r.relist_soon()
+            while len(script.watch_calls) < 2:
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    assert [c[1] for c in script.watch_calls] == ["10", "50"]
+    assert r.stats.lists == 2 and r.resource_version == "50"
+    assert r.store == {"a": "v", "b": "v"}
+    assert (None, "v") in changes[1:]  # b, new in the second list, reached on_change
+    assert r.stats.watch_restarts == 0  # a relist asked for is not a failure
