@@ -89,7 +89,10 @@ async def _with_controller(
     """Every scenario that needs the controller running under one client config."""
     out: dict[str, Any] = {}
     proc = ControllerProcess(
-        opts.kubeconfig, controller_config(opts.namespace, raised, opts.workers), opts.workdir, label
+        opts.kubeconfig,
+        controller_config(opts.namespace, raised, opts.workers),
+        opts.workdir,
+        label,
     )
     async with anyio.create_task_group() as tg:
         await proc.start(tg)

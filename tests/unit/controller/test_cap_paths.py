@@ -23,13 +23,13 @@ import anyio
 import pytest
 import ungater_plugins.job as job_plugin
 
+import ungater._controller.controller as controller_module
 from tests.fakekube import FakeKube
 from tests.lagging import Lagging
 from tests.objects import JOBS, WORKLOADS
 from tests.polling import eventually, holds_for
 from tests.unit.harness import running
 from tests.unit.podfactory import GATE, NAMESPACE, job, job_pod, workload
-import ungater._controller.controller as controller_module
 from ungater._decide.indexes import OwnerKey
 from ungater._kube.client import PODS, ApiError
 from ungater._model.config import Config

@@ -10,6 +10,7 @@ import anyio
 import pytest
 
 import ungater._kube.reflector as reflector_module
+from tests.polling import eventually
 from ungater._kube.client import PODS, GoneError
 from ungater._kube.reflector import Reflector
 from ungater._model.views import MalformedObject
@@ -224,8 +225,7 @@ async def test_relist_soon_ends_a_quiet_watch_and_watches_on_from_the_new_list()
             await script.done.wait()  # watching from the first list, and nothing comes
             assert r.resource_version == "10" and len(script.list_calls) == 1
             r.relist_soon()
-            while len(script.watch_calls) < 2:
-                await anyio.sleep(0.01)
+            await eventually(lambda: len(script.watch_calls) == 2, what="the second watch")
         tg.cancel_scope.cancel()
     assert [c[1] for c in script.watch_calls] == ["10", "50"]
     assert r.stats.lists == 2 and r.resource_version == "50"
