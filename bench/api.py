@@ -85,22 +85,19 @@ class BenchApi:
         from kubernetes_asyncio import client
 
         core = client.CoreV1Api(self._api)
-        # 100k pods take the API server longer than its request timeout: a 504 or a dropped
-        # connection ends the request, not the work; ask again (bounded) until one gets through
-        for attempt in range(1, _DELETE_ATTEMPTS + 1):
-            try:
-                await core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
-                break
-            except (client.ApiException, aiohttp.ClientError, TimeoutError) as exc:
-                timed_out = not isinstance(exc, client.ApiException) or exc.status == 504
-                if not timed_out or attempt == _DELETE_ATTEMPTS:
-                    raise
         custom = client.CustomObjectsApi(self._api)
-        await custom.delete_collection_namespaced_custom_object(
-            WORKLOADS.group, WORKLOADS.version, ns, WORKLOADS.plural
-        )
         batch = client.BatchV1Api(self._api)
-        await batch.delete_collection_namespaced_job(ns, propagation_policy="Background")
+        await _until_through(
+            lambda: core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+        )
+        await _until_through(
+            lambda: custom.delete_collection_namespaced_custom_object(
+                WORKLOADS.group, WORKLOADS.version, ns, WORKLOADS.plural
+            )
+        )
+        await _until_through(
+            lambda: batch.delete_collection_namespaced_job(ns, propagation_policy="Background")
+        )
 
     async def count_pods(self, ns: str) -> int:
         items, _ = await self.kube.list_objects(PODS, ns)
@@ -150,3 +147,20 @@ class BenchApi:
 
     async def finish(self, ns: str, name: str) -> None:
         await self.kube.merge_patch(WORKLOADS, ns, name, finished_status(), "status")
+
+
+async def _until_through(request: Callable[[], Awaitable[Any]]) -> None:
+    """Send a delete-collection again (bounded) until one gets through. 100k pods take the API
+    server longer than its request timeout: a 504, a dropped connection or a reply cut short
+    ends the request, not the deletion, which the next request carries on."""
+    from kubernetes_asyncio import client
+
+    for attempt in range(1, _DELETE_ATTEMPTS + 1):
+        try:
+            await request()
+            return
+        except (client.ApiException, aiohttp.ClientError, TimeoutError) as exc:
+            status = getattr(exc, "status", None)
+            cut = not isinstance(exc, client.ApiException) or not status or status >= 500
+            if not cut or attempt == _DELETE_ATTEMPTS:
+                raise

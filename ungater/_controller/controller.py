@@ -41,8 +41,11 @@ __all__ = ["Controller"]
 
 log = logging.getLogger("ungater.controller")
 
-#: How long after a term starts a cache may still be behind that start before it is relisted.
+#: A cache still behind a term's start this long after another cache passed it is relisted.
 CATCH_UP_AFTER_S = 2.0
+#: How often a new term looks at its caches, and for how long (by then bookmarks have come).
+CATCH_UP_TICK_S = 0.5
+CATCH_UP_FOR_S = 180.0
 
 
 class Controller:
@@ -238,16 +241,35 @@ class Controller:
                 log.warning("lost leadership (term %d): stopped acting", term.number)
 
     async def _catch_up(self, term_rv: int) -> None:
-        """Relist every cache still behind the term's start after a moment: until all are past
-        it each owner is proven by quorum reads of its own, and a cache that sees no change
-        (the owners, while only pods move) would never get past it by its watch alone."""
+        """Relist the caches that stay behind the term's start while another has passed it.
+
+        Until every cache is past the Lease write that began the term, each owner's first
+        release waits on quorum reads of its own, and a cache that sees no change (the Jobs,
+        while only their pods move) gets past it only at the API server's next bookmark, about
+        a minute. A cache still behind ``CATCH_UP_AFTER_S`` after another moved is such a
+        cache, and one list brings it past. A quiet term relists nothing (nothing moves, no
+        release needs a proof), and a busy cache is never relisted (its events carry it).
+        """
         if not term_rv:
             return  # no order to compare with: every owner is proven by its own reads
-        await anyio.sleep(CATCH_UP_AFTER_S)  # a busy cache gets past it by its own events
-        for r in self.reflectors:
-            if (resource_version_number(r.resource_version) or -1) < term_rv:
-                log.info("%s: behind the start of this term: relisting", r.name)
-                r.relist_soon()
+        moved_at: float | None = None
+        for _ in range(round(CATCH_UP_FOR_S / CATCH_UP_TICK_S)):
+            await anyio.sleep(CATCH_UP_TICK_S)
+            behind = [
+                r
+                for r in self.reflectors
+                if (resource_version_number(r.resource_version) or -1) < term_rv
+            ]
+            if not behind:
+                return
+            now = anyio.current_time()
+            if moved_at is None and len(behind) < len(self.reflectors):
+                moved_at = now
+            if moved_at is not None and now - moved_at >= CATCH_UP_AFTER_S:
+                for r in behind:
+                    log.info("%s: behind the start of this term: relisting", r.name)
+                    r.relist_soon()
+                return
 
     async def _wait_synced(self) -> None:
         for r in self.reflectors:

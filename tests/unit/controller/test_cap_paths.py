@@ -31,7 +31,7 @@ from tests.polling import eventually, holds_for
 from tests.unit.harness import running
 from tests.unit.podfactory import GATE, NAMESPACE, job, job_pod, workload
 from ungater._decide.indexes import OwnerKey
-from ungater._kube.client import PODS, ApiError
+from ungater._kube.client import PODS, ApiError, Resource
 from ungater._model.config import Config
 from ungater.plugin_api import hookimpl
 
@@ -60,6 +60,9 @@ def _live_released(pod: Mapping[str, Any]) -> bool:
         and pod["status"]["phase"] not in ("Succeeded", "Failed")
         and not pod["metadata"].get("deletionTimestamp")
     )
+
+
+CONFIG_MAPS = Resource("", "v1", "configmaps", "ConfigMap")
 
 
 def peak_live_released(fake: FakeKube) -> int:
@@ -146,33 +149,67 @@ async def test_a_new_leader_on_a_lagging_cache_does_not_release_past_the_old_lea
         assert standby.stats.proof_reads == reads
 
 
+def _lists(ctl: Any) -> int:
+    return sum(r.stats.lists for r in ctl.reflectors)
+
+
+def _caught_up(ctl: Any) -> bool:
+    return all(int(r.resource_version) >= ctl.state.term_rv for r in ctl.reflectors)
+
+
 @pytest.mark.anyio
-async def test_a_new_leader_relists_the_caches_still_behind_its_term_then_reads_no_proofs(
+async def test_a_new_leader_relists_the_caches_left_behind_its_term_then_reads_no_proofs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A cache that sees no change (here the Jobs and Workloads) never passes the term's start
-    by its watch: without a relist every owner of the term would be proven by reads of its own."""
+    """A cache that sees no change (here the Jobs and Workloads, while the pods move) never
+    passes the term's start by its watch: without a relist every owner of the term would be
+    proven by reads of its own."""
     monkeypatch.setattr(controller_module, "CATCH_UP_AFTER_S", 0.05)
+    monkeypatch.setattr(controller_module, "CATCH_UP_TICK_S", 0.01)
     fake = FakeKube()
     j = fake.put(JOBS, job("train", parallelism=1, completions=1))
     elector = HandOver(fake)
     async with running(fake, config(), elector=elector) as ctl:
         rt = ctl.kinds[next(iter(ctl.kinds))]
-        fake.put(PODS, job_pod(j, index=0, created=1))  # only the pod cache moves on
+        fake.put(PODS, job_pod(j, index=0, created=1))  # the pod cache moves on: it is at the term
         await eventually(lambda: len(rt.pods) == 1, what="the pod in the cache")
-        lists = sum(r.stats.lists for r in ctl.reflectors)
+        lists = _lists(ctl)
         elector.go.set()
         await eventually(lambda: ctl.state.term_rv > 0, what="the term")
-
-        def caught_up() -> bool:
-            return all(int(r.resource_version) >= ctl.state.term_rv for r in ctl.reflectors)
-
-        await eventually(caught_up, what="every cache past the term's start")
-        behind = sum(r.stats.lists for r in ctl.reflectors) - lists
-        assert behind == len(ctl.reflectors) - 1  # all but the pod cache were relisted
+        await eventually(lambda: _caught_up(ctl), what="every cache past the term's start")
+        assert _lists(ctl) - lists == len(ctl.reflectors) - 1  # all but the pod cache
         fake.put(WORKLOADS, workload(j, {"main": 1}, admitted={"main": 1}))
         await eventually(lambda: live_released(fake) == 1, what="the release")
         assert ctl.stats.proof_reads == 0 and ctl.state.proven is None
+
+
+@pytest.mark.anyio
+async def test_a_quiet_term_relists_nothing_until_one_of_its_caches_moves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Relisting what nothing changes is wasted reads (a quiet pod cache of 100k pods is an
+    initial sync's worth): the caches left behind are relisted only once another one moved."""
+    monkeypatch.setattr(controller_module, "CATCH_UP_AFTER_S", 0.05)
+    monkeypatch.setattr(controller_module, "CATCH_UP_TICK_S", 0.01)
+    fake = FakeKube()
+    j = fake.put(JOBS, job("train", parallelism=1, completions=1))
+    fake.put(PODS, job_pod(j, index=0, created=1))
+    elector = HandOver(fake)
+    async with running(fake, config(), elector=elector) as ctl:
+        rt = ctl.kinds[next(iter(ctl.kinds))]
+        await eventually(lambda: len(rt.pods) == 1, what="the pod in the cache")
+        fake.put(CONFIG_MAPS, {"metadata": {"name": "lease", "namespace": NAMESPACE}})
+        lists = _lists(ctl)
+        before = {r.name: r.stats.lists for r in ctl.reflectors}
+        elector.go.set()  # the term starts past every cache (a write none of them sees)
+        await eventually(lambda: ctl.state.term_rv > 0, what="the term")
+        await holds_for(lambda: _lists(ctl) == lists, 0.3, what="no relist in a quiet term")
+        fake.put(WORKLOADS, workload(j, {"main": 1}, admitted={"main": 1}))  # this one moves
+        await eventually(lambda: live_released(fake) == 1, what="the release")
+        assert ctl.stats.proof_reads == 1  # the owner's first release, before the catch-up
+        await eventually(lambda: _caught_up(ctl), what="every cache past the term's start")
+        relisted = [r.name for r in ctl.reflectors if r.stats.lists > before[r.name]]
+        assert relisted == ["jobs.batch@*"]  # the Workloads and the pods moved by themselves
 
 
 # -- 2. a patch that lands after the client gave up ----------------------------------------------
