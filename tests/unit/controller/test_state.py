@@ -17,7 +17,7 @@ from tests.fakekube import FakeKube
 from tests.unit.builders import NS, owner_ref, workload
 from tests.unit.podfactory import cluster_of, ray_owner
 from ungater._controller.controller import Controller
-from ungater._controller.state import OwnerFacts, State
+from ungater._controller.state import OwnerFacts, State, Stats
 from ungater._decide.decision import WAIT_CAPACITY, Decision, PodSetReport, Waiting
 from ungater._decide.indexes import OwnerKey
 from ungater._kube.gateguard import GuardStatus
@@ -330,3 +330,11 @@ async def test_start_checks_the_gate_guard_once_for_a_fractional_interval() -> N
     never = configured(Clock(), policyCheckIntervalSeconds=0)
     await never.start()
     assert never.state.guard.checks == 0
+
+
+def test_the_totals_line_names_each_counter_that_moved_and_only_those() -> None:
+    stats = Stats()
+    assert stats.summary() == "nothing done"
+    stats.reconciles, stats.released, stats.proof_reads = 3, 20, 1
+    stats.skipped_kinds.append("Job.batch")  # not a counter
+    assert stats.summary() == "reconciles=3, released=20, proof_reads=1"
