@@ -246,24 +246,29 @@ class Controller:
         Until every cache is past the Lease write that began the term, each owner's first
         release waits on quorum reads of its own, and a cache that sees no change (the Jobs,
         while only their pods move) gets past it only at the API server's next bookmark, about
-        a minute. A cache still behind ``CATCH_UP_AFTER_S`` after another moved is such a
+        a minute. A cache still behind ``CATCH_UP_AFTER_S`` after another moved past it is such a
         cache, and one list brings it past. A quiet term relists nothing (nothing moves, no
         release needs a proof), and a busy cache is never relisted (its events carry it).
         """
         if not term_rv:
             return  # no order to compare with: every owner is proven by its own reads
+
+        def past(r: Reflector[Any]) -> bool:
+            return (resource_version_number(r.resource_version) or -1) >= term_rv
+
+        at_start = {id(r): r.resource_version for r in self.reflectors}
         moved_at: float | None = None
         for _ in range(round(CATCH_UP_FOR_S / CATCH_UP_TICK_S)):
             await anyio.sleep(CATCH_UP_TICK_S)
-            behind = [
-                r
-                for r in self.reflectors
-                if (resource_version_number(r.resource_version) or -1) < term_rv
-            ]
+            behind = [r for r in self.reflectors if not past(r)]
             if not behind:
                 return
             now = anyio.current_time()
-            if moved_at is None and len(behind) < len(self.reflectors):
+            # moved: changed since the term began (a cache listed after the Lease write is
+            # past it without anything happening)
+            if moved_at is None and any(
+                past(r) and r.resource_version != at_start[id(r)] for r in self.reflectors
+            ):
                 moved_at = now
             if moved_at is not None and now - moved_at >= CATCH_UP_AFTER_S:
                 for r in behind:

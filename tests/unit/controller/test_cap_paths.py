@@ -171,11 +171,12 @@ async def test_a_new_leader_relists_the_caches_left_behind_its_term_then_reads_n
     elector = HandOver(fake)
     async with running(fake, config(), elector=elector) as ctl:
         rt = ctl.kinds[next(iter(ctl.kinds))]
-        fake.put(PODS, job_pod(j, index=0, created=1))  # the pod cache moves on: it is at the term
-        await eventually(lambda: len(rt.pods) == 1, what="the pod in the cache")
+        fake.put(CONFIG_MAPS, {"metadata": {"name": "lease", "namespace": NAMESPACE}})
         lists = _lists(ctl)
-        elector.go.set()
+        elector.go.set()  # the term starts past every cache (a write none of them sees)
         await eventually(lambda: ctl.state.term_rv > 0, what="the term")
+        fake.put(PODS, job_pod(j, index=0, created=1))  # the pod cache moves on
+        await eventually(lambda: len(rt.pods) == 1, what="the pod in the cache")
         await eventually(lambda: _caught_up(ctl), what="every cache past the term's start")
         assert _lists(ctl) - lists == len(ctl.reflectors) - 1  # all but the pod cache
         fake.put(WORKLOADS, workload(j, {"main": 1}, admitted={"main": 1}))
@@ -188,20 +189,21 @@ async def test_a_quiet_term_relists_nothing_until_one_of_its_caches_moves(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Relisting what nothing changes is wasted reads (a quiet pod cache of 100k pods is an
-    initial sync's worth): the caches left behind are relisted only once another one moved."""
+    initial sync's worth): the caches left behind are relisted only once another one moved
+    past the term's start, and a cache that was past it from the start (listed after the
+    Lease write) has not moved."""
     monkeypatch.setattr(controller_module, "CATCH_UP_AFTER_S", 0.05)
     monkeypatch.setattr(controller_module, "CATCH_UP_TICK_S", 0.01)
     fake = FakeKube()
     j = fake.put(JOBS, job("train", parallelism=1, completions=1))
-    fake.put(PODS, job_pod(j, index=0, created=1))
     elector = HandOver(fake)
     async with running(fake, config(), elector=elector) as ctl:
         rt = ctl.kinds[next(iter(ctl.kinds))]
+        fake.put(PODS, job_pod(j, index=0, created=1))  # after the lists: only the pods see it
         await eventually(lambda: len(rt.pods) == 1, what="the pod in the cache")
-        fake.put(CONFIG_MAPS, {"metadata": {"name": "lease", "namespace": NAMESPACE}})
         lists = _lists(ctl)
         before = {r.name: r.stats.lists for r in ctl.reflectors}
-        elector.go.set()  # the term starts past every cache (a write none of them sees)
+        elector.go.set()  # the term starts at the pod's write: the pod cache is past it, unmoved
         await eventually(lambda: ctl.state.term_rv > 0, what="the term")
         await holds_for(lambda: _lists(ctl) == lists, 0.3, what="no relist in a quiet term")
         fake.put(WORKLOADS, workload(j, {"main": 1}, admitted={"main": 1}))  # this one moves
