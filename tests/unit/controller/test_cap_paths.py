@@ -149,6 +149,13 @@ async def test_a_new_leader_on_a_lagging_cache_does_not_release_past_the_old_lea
         assert standby.stats.proof_reads == reads
 
 
+@pytest.fixture
+def quick_catch_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A term's catch-up in tens of milliseconds instead of seconds."""
+    monkeypatch.setattr(controller_module, "CATCH_UP_AFTER_S", 0.05)
+    monkeypatch.setattr(controller_module, "CATCH_UP_TICK_S", 0.01)
+
+
 def _lists(ctl: Any) -> int:
     return sum(r.stats.lists for r in ctl.reflectors)
 
@@ -159,13 +166,11 @@ def _caught_up(ctl: Any) -> bool:
 
 @pytest.mark.anyio
 async def test_a_new_leader_relists_the_caches_left_behind_its_term_then_reads_no_proofs(
-    monkeypatch: pytest.MonkeyPatch,
+    quick_catch_up: None,
 ) -> None:
     """A cache that sees no change (here the Jobs and Workloads, while the pods move) never
     passes the term's start by its watch: without a relist every owner of the term would be
     proven by reads of its own."""
-    monkeypatch.setattr(controller_module, "CATCH_UP_AFTER_S", 0.05)
-    monkeypatch.setattr(controller_module, "CATCH_UP_TICK_S", 0.01)
     fake = FakeKube()
     j = fake.put(JOBS, job("train", parallelism=1, completions=1))
     elector = HandOver(fake)
@@ -186,14 +191,12 @@ async def test_a_new_leader_relists_the_caches_left_behind_its_term_then_reads_n
 
 @pytest.mark.anyio
 async def test_a_quiet_term_relists_nothing_until_one_of_its_caches_moves(
-    monkeypatch: pytest.MonkeyPatch,
+    quick_catch_up: None,
 ) -> None:
     """Relisting what nothing changes is wasted reads (a quiet pod cache of 100k pods is an
     initial sync's worth): the caches left behind are relisted only once another one moved
     past the term's start, and a cache that was past it from the start (listed after the
     Lease write) has not moved."""
-    monkeypatch.setattr(controller_module, "CATCH_UP_AFTER_S", 0.05)
-    monkeypatch.setattr(controller_module, "CATCH_UP_TICK_S", 0.01)
     fake = FakeKube()
     j = fake.put(JOBS, job("train", parallelism=1, completions=1))
     elector = HandOver(fake)
