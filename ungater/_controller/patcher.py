@@ -136,7 +136,7 @@ class Patcher:
         meta = (patched or {}).get("metadata") or {}
         written = resource_version_number(str(meta.get("resourceVersion") or ""))
         if written is not None:
-            s.written[r.pod.uid] = written  # the gate is gone from here on, by our hand
+            s.ledger.wrote(r.pod.uid, written)  # the gate is gone from here on, by our hand
         if meta.get("deletionTimestamp"):
             # the gate is gone, but so is the pod: a terminating pod runs nothing and frees
             # its slot, so this is no release (not counted, logged or announced)

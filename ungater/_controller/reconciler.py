@@ -18,7 +18,7 @@ from ungater._controller.notices import Notices
 from ungater._controller.patcher import BLOCKED, CONFLICT, DELETING, ERROR, GONE, SKIPPED, Patcher
 from ungater._controller.patcher import RELEASED as PATCH_RELEASED
 from ungater._controller.settling import Settler
-from ungater._controller.state import KindRuntime, State, Uncertain, resource_version_number
+from ungater._controller.state import KindRuntime, State, resource_version_number
 from ungater._decide.assess import owner_facts_of, owner_of, pod_facts, pod_selectors, via_objects
 from ungater._decide.decision import Decision, PodFacts, Release, active_slice, decide
 from ungater._decide.indexes import OwnerKey
@@ -78,6 +78,12 @@ class Reconciler:
                 s.queue.add_after(key, max(wait, 0.01))
                 return None
             await self.settler.settle_expired(key, rt, expired)
+        if self._writes_unseen(key, rt):
+            # a write of ours may have released a pod this view does not hold at all (one
+            # released on a new term's quorum reads): the view cannot count it, so wait
+            deadline = s.expectations.next_deadline(key)
+            s.queue.add_after(key, max(deadline if deadline is not None else 1.0, 0.01))
+            return None
         if rt.handler.spec.owner_resource is not None and owner.uid not in s.owner_facts:
             # its size bounds the cap, and a size unknown releases nothing: read it now
             # rather than wait for a lagging owner watch (gone: it stays unknown)
@@ -196,18 +202,24 @@ class Reconciler:
 
     # -- views that may be stale -----------------------------------------------------------------
 
+    def _writes_unseen(self, key: OwnerKey, rt: KindRuntime) -> bool:
+        """Whether a release of ours for this owner, still in flight (expected or unanswered),
+        is of a pod the deciding index does not hold: a decision would count it as nothing."""
+        s, held = self.s, rt.pods.by_uid
+        pending = s.expectations.pending(key)
+        return any(uid not in held for uid in pending) or any(
+            u.key == key and uid not in held for uid, u in s.uncertain.items()
+        )
+
     def _behind_our_writes(self, pods: list[PodView]) -> frozenset[str]:
         """Pods whose view predates our own release of them: in flight, whatever the view says.
 
         Expectations cover the usual wait for the deciding watch; this covers the rest (an
         expectation expired and settled while this view still lags), with no clock involved.
         """
-        written = self.s.written
+        ledger = self.s.ledger
         return frozenset(
-            p.uid
-            for p in pods
-            if p.uid in written
-            and (resource_version_number(p.resource_version) or -1) < written[p.uid]
+            p.uid for p in pods if ledger.behind(p.uid, resource_version_number(p.resource_version))
         )
 
     # -- releasing -------------------------------------------------------------------------------
@@ -223,12 +235,12 @@ class Reconciler:
         """Expect the chosen pods, patch them, and act on each outcome."""
         s = self.s
         releases = decision.releases
-        s.expectations.expect(key, [r.pod.uid for r in releases], rt.kind)
-        s.ours.update(r.pod.uid for r in releases)
-        for r in releases:  # until each request's answer says otherwise, it may have landed
-            s.uncertain[r.pod.uid] = Uncertain(
-                key, r.pod.namespace, r.pod.name, r.pod.resource_version
-            )
+        # expected in this kind's view, and uncertain until each request's answer says otherwise
+        s.ledger.sending(
+            key,
+            ((r.pod.uid, r.pod.namespace, r.pod.name, r.pod.resource_version) for r in releases),
+            rt.kind,
+        )
         outcomes = await self.patcher.release_all(releases, rt)  # none once rt audits
         retry = False
         failed = 0
@@ -254,11 +266,11 @@ class Reconciler:
                 retry = True
             elif outcome == BLOCKED:
                 s.expectations.observe(r.pod.uid)  # refused: nothing of ours in flight
-                s.ours.discard(r.pod.uid)
+                s.ledger.not_mine(r.pod.uid)
                 refused.append(r)
             elif outcome in (GONE, CONFLICT, SKIPPED):
                 s.expectations.observe(r.pod.uid)  # nothing of ours is in flight there
-                s.ours.discard(r.pod.uid)
+                s.ledger.not_mine(r.pod.uid)
                 if outcome == CONFLICT:
                     await self.patcher.check_foreign_release(r, rt)
                 retry = retry or outcome != SKIPPED

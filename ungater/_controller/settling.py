@@ -60,10 +60,10 @@ class Settler:
                 if not view.has_gate(rt.gate) and not view.terminal and not view.deleting:
                     # released, by that patch or another writer: counted until seen
                     s.expectations.expect(key, [uid], rt.kind)
-                    s.ours.add(uid)
+                    s.ledger.mine(uid, u.namespace, u.name)
                     written = resource_version_number(view.resource_version)
                     if written is not None:
-                        s.written[uid] = max(written, s.written.get(uid, 0))
+                        s.ledger.wrote(uid, written)
                 return True
             # unchanged since the decision: the patch has not landed, and still could;
             # change the pod, so that it cannot
@@ -95,12 +95,17 @@ class Settler:
         s = self.s
         s.expectations.expired_total += len(uids)
         for uid in uids:
-            pod = rt.pods.by_uid.get(uid)
             s.expectations.observe(uid)
-            if pod is None:
+            pod = rt.pods.by_uid.get(uid)
+            # a pod the deciding cache never held (released on a new term's quorum reads) is
+            # read all the same: dropping its expectation unread would count it as nothing
+            where = (pod.namespace, pod.name) if pod is not None else s.ledger.locate(uid)
+            if where is None:
                 continue
-            fresh = await s.client.get(PODS, pod.namespace, pod.name)
+            fresh = await s.client.get(PODS, *where)
             if fresh is None or (fresh.get("metadata") or {}).get("uid") != uid:
+                if pod is None and not any(uid in k.pods.by_uid for k in s.kinds.values()):
+                    s.forget_pod(uid)  # gone before any cache held it: nothing to count
                 continue
             try:
                 view = parse_pod(fresh)

@@ -21,6 +21,7 @@ from ungater._decide.decision import Decision, active_slice, gated_by_reason, or
 from ungater._decide.expectations import Expectations
 from ungater._decide.findings import FINDINGS
 from ungater._decide.indexes import OwnerKey, PodIndex, WorkloadIndex, ancestors
+from ungater._decide.ledger import GONE_REMEMBERED, Ledger, Uncertain
 from ungater._decide.refusals import BlockedReleases
 from ungater._decide.releasable import ReleasableClock
 from ungater._decide.standdown import StandDown
@@ -36,6 +37,7 @@ from ungater._observe.metrics import Metrics
 from ungater._plugins.registry import KindHandler, PluginError
 
 __all__ = [
+    "GONE_REMEMBERED",
     "KindRuntime",
     "OwnerFacts",
     "State",
@@ -78,17 +80,6 @@ class OwnerFacts:
     error: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Uncertain:
-    """A release patch sent whose outcome we do not know (no answer yet, a timeout, a 5xx, a
-    cancelled request). It counts as released until ``Reconciler`` proves it cannot land."""
-
-    key: OwnerKey
-    namespace: str
-    name: str
-    resource_version: str  # the one the patch tests: it can land only on the pod at this version
-
-
 @dataclass
 class Stats:
     reconciles: int = 0
@@ -110,10 +101,6 @@ class Stats:
         """The counters that are not zero, for the line a run ends with."""
         counts = [f"{f.name}={getattr(self, f.name)}" for f in fields(self) if f.type == "int"]
         return ", ".join(c for c in counts if not c.endswith("=0")) or "nothing done"
-
-
-#: How many deleted pods ``State.gone`` remembers: far more than a lagging watch replays.
-GONE_REMEMBERED = 4096
 
 
 def resource_version_number(resource_version: str) -> int | None:
@@ -154,19 +141,9 @@ class State:
         # the cached owner object or slice may predate it (the fence, freshreads.py)
         self.shrink_rv: dict[OwnerKey, int] = {}
         self.queue: WorkQueue[OwnerKey] = WorkQueue()
-        self.expectations = Expectations(config.expectations_timeout_seconds, clock)
+        # what we know of writes to our pods' gates, ours and others' (ungater._decide.ledger)
+        self.ledger = Ledger(config.expectations_timeout_seconds, clock)
         self.decisions: dict[OwnerKey, Decision] = {}  # each owner's last decision
-        self.ours: set[str] = set()  # pods we are patching or have patched, to spot others
-        # pod UID -> the resourceVersion our release wrote: a view of the pod older than that
-        # has not seen our write, whatever watch it came from, and must not be decided on
-        self.written: dict[str, int] = {}
-        self.foreign_seen: set[str] = set()  # pods already reported released by another
-        # pods seen deleted lately (bounded, oldest first out): a watch that lags may still
-        # replay one's history, and a gate removal in it is old news, not a foreign release
-        # (what we had released of it was forgotten when it went)
-        self.gone: dict[str, None] = {}
-        # pod UID -> a release patch whose outcome is unknown: in flight until proven otherwise
-        self.uncertain: dict[str, Uncertain] = {}
         # leadership: the resourceVersion at which this term began (a release older than it
         # is the previous leader's, not a foreign one), and the owners whose cached pods a
         # quorum read has confirmed since (the others are decided on such a read)
@@ -188,22 +165,39 @@ class State:
         self.fatal_error = ""  # set when the process must end (standDown.action: exit)
         self.stop: anyio.Event | None = None  # the manager's stop, once it runs
 
+    # -- the ledger's parts, by the names the controller's parts use ---------------------------
+
+    @property
+    def expectations(self) -> Expectations:
+        return self.ledger.expectations
+
+    @property
+    def ours(self) -> set[str]:
+        return self.ledger.ours
+
+    @property
+    def written(self) -> dict[str, int]:
+        return self.ledger.written
+
+    @property
+    def foreign_seen(self) -> set[str]:
+        return self.ledger.foreign_seen
+
+    @property
+    def gone(self) -> dict[str, None]:
+        return self.ledger.gone
+
+    @property
+    def uncertain(self) -> dict[str, Uncertain]:
+        return self.ledger.uncertain
+
     def forget_pod(self, uid: str) -> None:
         """A pod no view holds any more: drop what we kept about it, remember that it went."""
-        self.ours.discard(uid)
-        self.written.pop(uid, None)
-        self.foreign_seen.discard(uid)
-        self.uncertain.pop(uid, None)  # a release patch cannot land on a pod gone
+        self.ledger.forget_pod(uid)
         self.releasable.pod_gone(uid)
-        self.went(uid)
 
     def went(self, uid: str) -> None:
-        """Remember that the pod is gone from the server: a lagging watch may still replay its
-        past, and a gate removal there is old news (maybe our own unanswered release)."""
-        self.gone.pop(uid, None)
-        self.gone[uid] = None
-        if len(self.gone) > GONE_REMEMBERED:
-            del self.gone[next(iter(self.gone))]
+        self.ledger.went(uid)
 
     def describe(self, key: OwnerKey) -> str:
         """The owner as a person reads it, ``Job.batch team-a/train``, for log lines (a UID
