@@ -1,26 +1,44 @@
 """Releases past the cap, judged from the server's own objects (the harness's watch events).
 
-The pod and Workload events of one namespace are replayed in resourceVersion order (one etcd:
-one order across both watches). The cap of an owner's pod set is the admitted count of its
-newest admitted, unevicted slice (newest: first seen last; finished-by-replacement or not, as
-between Kueue finishing the old slice and admitting the new one the released pods are still
-the old slice's), 0 before any admission. Per gate, a release is the event that shows a live
-pod without the gate it carried (its first such event); it is past the cap when, after it, the
-owner's pod set has more live pods without that gate than the cap. Each releaser is judged on
-its own gate: the two gates are removed by two writers, each bound by the same cap.
+The pod, Workload and owner events of one namespace are replayed in resourceVersion order (one
+etcd: one order across the watches). The cap of an owner's pod set is min(spec count, admitted
+count) of its newest admitted slice (newest: first seen last; admitted: not evicted, and not
+finished unless a replacement finished it, as between Kueue finishing the old slice and
+admitting the new one the released pods are still the old slice's), 0 before any admission,
+bounded again by the owner's own size (the pods its own controller keeps: a Job's parallelism
+within its completions left, a RayCluster group's replicas; 0 while the owner was never seen or
+after it went). Per gate, a release is the event that shows a live pod without that gate when
+the pod's previous event showed it with the gate or the pod had not been seen before: a pod
+first seen live and already without the gate is released from that event on. It is past the
+cap when, after it, the owner's pod set has more live pods without that gate than the cap.
+Each releaser is judged on its own gate: the two gates are removed by two writers, each bound
+by the same cap.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.timeline import PodEvent, SliceEvent
+from bench.timeline import OwnerEvent, PodEvent, SliceEvent
 
-__all__ = ["OverCap", "releases_past_cap"]
+__all__ = ["Limit", "OverCap", "releases_past_cap"]
 
 _EXAMPLES = 5
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The three bounds on one pod set's live released pods at one moment."""
+
+    spec: int  # the active slice's spec count (0 without one)
+    admitted: int  # its admitted count (0 without one)
+    size: int  # the owner's own size (0 while it is unknown)
+
+    @property
+    def cap(self) -> int:
+        return min(self.spec, self.admitted, self.size)
 
 
 @dataclass
@@ -41,11 +59,7 @@ class OverCap:
         }
 
 
-def _cap(slices: dict[str, SliceEvent], pod_set: str) -> int:
-    admitted = [s for s in slices.values() if s.admitted]
-    if not admitted:
-        return 0
-    counts = dict(admitted[-1].counts)
+def _of(counts: Mapping[str, int], pod_set: str) -> int:
     if pod_set in counts:
         return counts[pod_set]
     if not pod_set and len(counts) == 1:  # no pod set label: the owner's only pod set
@@ -53,15 +67,31 @@ def _cap(slices: dict[str, SliceEvent], pod_set: str) -> int:
     return 0
 
 
+def _limit(slices: dict[str, SliceEvent], size: Mapping[str, int] | None, pod_set: str) -> Limit:
+    admitted = [s for s in slices.values() if s.admitted]
+    owner_size = _of(size, pod_set) if size is not None else 0
+    if not admitted:
+        return Limit(0, 0, owner_size)
+    active = admitted[-1]
+    return Limit(_of(dict(active.spec), pod_set), _of(dict(active.counts), pod_set), owner_size)
+
+
 def releases_past_cap(
-    events: Iterable[PodEvent | SliceEvent], gates: dict[str, str]
+    events: Iterable[PodEvent | SliceEvent | OwnerEvent], gates: dict[str, str]
 ) -> dict[str, OverCap]:
     """Per label of ``gates`` (label -> gate name): the releases of that gate past the cap."""
     ordered = sorted((e for e in events if e.rv >= 0), key=lambda e: e.rv)
     slices: dict[str, dict[str, SliceEvent]] = {}  # owner -> name -> last seen, first seen first
+    sizes: dict[str, dict[str, int]] = {}  # owner -> pod set -> its own size, while it exists
     pods: dict[tuple[str, str], dict[str, PodEvent]] = {}  # (owner, pod set) -> uid -> last
     out = {label: OverCap() for label in gates}
     for e in ordered:
+        if isinstance(e, OwnerEvent):
+            if e.gone:
+                sizes.pop(e.owner, None)
+            else:
+                sizes[e.owner] = dict(e.sizes)
+            continue
         if isinstance(e, SliceEvent):
             mine = slices.setdefault(e.owner, {})
             if e.gone:
@@ -73,15 +103,16 @@ def releases_past_cap(
         before = group.get(e.uid)
         group[e.uid] = e
         for label, gate in gates.items():
-            released = gate in e.carried and gate not in e.gates
-            if not released or not e.live or (before is not None and gate not in before.gates):
+            if not e.live or gate in e.gates:
                 continue
+            if before is not None and gate not in before.gates:
+                continue  # released before: one release per pod
             live = sum(1 for p in group.values() if p.live and gate not in p.gates)
-            cap = _cap(slices.get(e.owner, {}), e.pod_set)
-            if live > cap:
+            limit = _limit(slices.get(e.owner, {}), sizes.get(e.owner), e.pod_set)
+            if live > limit.cap:
                 oc = out[label]
                 oc.count += 1
-                oc.worst = max(oc.worst, live - cap)
+                oc.worst = max(oc.worst, live - limit.cap)
                 oc.owners.add(e.owner)
                 if len(oc.examples) < _EXAMPLES:
                     oc.examples.append(
@@ -90,7 +121,11 @@ def releases_past_cap(
                             "owner": e.owner,
                             "pod_set": e.pod_set,
                             "live": live,
-                            "cap": cap,
+                            "cap": limit.cap,
+                            "spec": limit.spec,
+                            "admitted": limit.admitted,
+                            "owner_size": limit.size,
+                            "first_seen": before is None,
                         }
                     )
     return out

@@ -1,19 +1,22 @@
 """The harness's watch on a namespace beside the real Kueue: when each pod appeared, lost each
 gate, succeeded or went, and when each Workload slice was first seen admitted.
 
-Both watches (pods, Workloads) record the arrival of every event on this process's monotonic
+The pod and Workload watches record the arrival of every event on this process's monotonic
 clock, in the order the API server sends them (resourceVersion order within one watch). Every
 latency of the Kueue benchmark is a difference of two moments recorded here, so both gates are
 timed by the same observer and the same clock. Each event is also kept in ``events`` with its
-resourceVersion (one etcd: one order across both watches), for ``bench.kueue_overcap`` to
-replay the server's own objects in order.
+resourceVersion (one etcd: one order across all watches), for ``bench.kueue_overcap`` to
+replay the server's own objects in order; so is every event of the owners (Jobs, RayClusters)
+watched beside them, with the owner's own size per pod set. A relist after a 410 is a gap in
+that history (what changed in between was not seen): ``gaps`` counts them.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,12 +25,23 @@ import anyio
 from bench.objects import CONTROLLER_UID, PODS, WORKLOADS
 from ungater._kube.client import GoneError, KubeClient, Resource
 
-__all__ = ["PodEvent", "PodTrack", "SliceEvent", "SliceTrack", "Timeline"]
+__all__ = [
+    "OWNER_SIZES",
+    "OwnerEvent",
+    "PodEvent",
+    "PodTrack",
+    "SliceEvent",
+    "SliceTrack",
+    "Timeline",
+    "job_sizes",
+    "raycluster_sizes",
+]
 
 log = logging.getLogger(__name__)
 _MAX_WATCHES = 10_000  # each lasts up to its timeout; far more than any run needs
 _INDEX = "batch.kubernetes.io/job-completion-index"
 _POD_SET = "kueue.x-k8s.io/podset"
+_REPLACED = "WorkloadSliceReplaced"  # the reason Kueue finishes a slice that a new one replaced
 
 
 @dataclass
@@ -71,8 +85,23 @@ class SliceEvent:
     rv: int
     name: str
     owner: str
-    admitted: bool  # Admitted and not Evicted
+    admitted: bool  # Admitted, not Evicted, not Finished but by a replacement
     counts: tuple[tuple[str, int], ...]  # admitted count per pod set
+    gone: bool
+    spec: tuple[tuple[str, int], ...] = ()  # spec count per pod set
+
+
+Sizes = tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class OwnerEvent:
+    """One owner (a Job, a RayCluster) as an event showed it: its own size per pod set (the pods
+    its own controller keeps), named as Kueue names its pod sets."""
+
+    rv: int
+    owner: str  # its UID, as its pods' events name it
+    sizes: Sizes
     gone: bool
 
 
@@ -98,9 +127,75 @@ def _cond(wl: dict[str, Any], kind: str) -> bool:
     return any(c.get("type") == kind and c.get("status") == "True" for c in conds)
 
 
-def _counts(wl: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+def _count(value: Any, default: int) -> int:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return value if ok else default
+
+
+def _spec_counts(wl: dict[str, Any]) -> Sizes:
+    sets = (wl.get("spec") or {}).get("podSets") or ()
+    return tuple((str(p.get("name", "main")), _count(p.get("count"), 0)) for p in sets)
+
+
+def _counts(wl: dict[str, Any]) -> Sizes:
+    """The admitted count per pod set (an assignment without a count admits the spec's)."""
+    spec = dict(_spec_counts(wl))
     sets = ((wl.get("status") or {}).get("admission") or {}).get("podSetAssignments") or ()
-    return tuple((str(a.get("name", "main")), int(a["count"])) for a in sets if "count" in a)
+    out = []
+    for a in sets:
+        name = str(a.get("name", "main"))
+        out.append((name, _count(a.get("count"), spec.get(name, 0))))
+    return tuple(out)
+
+
+def _finished_not_replaced(wl: dict[str, Any]) -> bool:
+    conds = (wl.get("status") or {}).get("conditions") or ()
+    return any(
+        c.get("type") == "Finished" and c.get("status") == "True" and c.get("reason") != _REPLACED
+        for c in conds
+    )
+
+
+def job_sizes(job: dict[str, Any]) -> Sizes:
+    """What the Job controller keeps active: min(parallelism, completions - succeeded), 0 while
+    suspended; Kueue's one pod set of a Job is ``main``."""
+    spec = job.get("spec") or {}
+    if spec.get("suspend") is True:
+        return (("main", 0),)
+    n = _count(spec.get("parallelism"), 1)  # the API server defaults it to 1
+    completions = spec.get("completions")
+    if completions is not None:
+        succeeded = _count((job.get("status") or {}).get("succeeded"), 0)
+        n = min(n, max(0, _count(completions, 0) - succeeded))
+    return (("main", n),)
+
+
+def raycluster_sizes(rc: dict[str, Any]) -> Sizes:
+    """What KubeRay keeps: the head (pod set ``head``) and per worker group (Kueue's pod set: the
+    group's name in lower case) its replicas clamped to [minReplicas, maxReplicas] times
+    numOfHosts; 0 everywhere while suspended, 0 for a suspended group."""
+    spec = rc.get("spec") or {}
+    suspended = spec.get("suspend") is True
+    out = [("head", 0 if suspended else 1)]
+    for group in spec.get("workerGroupSpecs") or ():
+        name = str(group.get("groupName", "")).lower()
+        if suspended or group.get("suspend") is True:
+            out.append((name, 0))
+            continue
+        low = _count(group.get("minReplicas"), 0)
+        n = max(low, _count(group.get("replicas"), low))
+        high = group.get("maxReplicas")
+        if high is not None:
+            n = min(n, _count(high, 0))
+        out.append((name, n * _count(group.get("numOfHosts"), 1)))
+    return tuple(out)
+
+
+#: owner resource plural -> its own size per pod set, from its raw object
+OWNER_SIZES: dict[str, Callable[[dict[str, Any]], Sizes]] = {
+    "jobs": job_sizes,
+    "rayclusters": raycluster_sizes,
+}
 
 
 def _rv(obj: dict[str, Any]) -> int:
@@ -116,12 +211,18 @@ def _owner(obj: dict[str, Any]) -> str:
 
 
 class Timeline:
-    def __init__(self, client: KubeClient, namespace: str) -> None:
+    def __init__(self, client: KubeClient, namespace: str, owners: Sequence[Resource] = ()) -> None:
+        """``owners``: the owner resources (of ``OWNER_SIZES``) whose events are recorded too."""
+        unknown = [r.plural for r in owners if r.plural not in OWNER_SIZES]
+        if unknown:
+            raise ValueError(f"timeline: no owner size known for {unknown}")
         self.client = client
         self.namespace = namespace
+        self.owners = tuple(owners)
         self.pods: dict[str, PodTrack] = {}
         self.slices: dict[str, SliceTrack] = {}
-        self.events: list[PodEvent | SliceEvent] = []
+        self.events: list[PodEvent | SliceEvent | OwnerEvent] = []
+        self.gaps = 0  # relists after a 410: history not seen
         self.synced = anyio.Event()
         self._synced: set[str] = set()
         self._changed = anyio.Event()
@@ -165,13 +266,19 @@ class Timeline:
         meta = wl.get("metadata") or {}
         name = str(meta.get("name"))
         track = self.slices.setdefault(name, SliceTrack(name, _owner(wl), now))
-        admitted = _admitted(wl) and not _cond(wl, "Evicted")
+        admitted = _admitted(wl) and not _cond(wl, "Evicted") and not _finished_not_replaced(wl)
         counts = _counts(wl)
         if etype != "DELETED" and _admitted(wl) and track.admitted_at is None:
             track.admitted_at = now
             track.count = counts[0][1] if counts else None
         gone = etype == "DELETED"
-        self.events.append(SliceEvent(_rv(wl), name, track.owner, admitted, counts, gone))
+        event = SliceEvent(_rv(wl), name, track.owner, admitted, counts, gone, _spec_counts(wl))
+        self.events.append(event)
+
+    def _owner_event(self, plural: str, etype: str, obj: dict[str, Any], now: float) -> None:
+        uid = str((obj.get("metadata") or {}).get("uid", ""))
+        sizes = OWNER_SIZES[plural](obj)
+        self.events.append(OwnerEvent(_rv(obj), uid, sizes, etype == "DELETED"))
 
     async def _watch(self, resource: Resource, apply: Callable[..., None]) -> None:
         rv = ""
@@ -183,7 +290,7 @@ class Timeline:
                     for obj in items:
                         apply("ADDED", obj, now)
                     self._synced.add(resource.plural)
-                    if len(self._synced) == 2:
+                    if len(self._synced) == 2 + len(self.owners):
                         self.synced.set()
                     self._notify()
                 async for ev in self.client.watch(resource, self.namespace, rv, "", 300, 120):
@@ -195,6 +302,8 @@ class Timeline:
                         self._notify()
             except GoneError:
                 rv = ""
+                self.gaps += 1
+                log.warning("timeline: %s watch expired (410); relisting", resource.plural)
             except (OSError, TimeoutError) as exc:
                 log.warning("timeline: %s watch failed (%r); retrying", resource.plural, exc)
                 await anyio.sleep(0.2)
@@ -203,6 +312,8 @@ class Timeline:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch, PODS, self._pod)
             tg.start_soon(self._watch, WORKLOADS, self._slice)
+            for res in self.owners:
+                tg.start_soon(self._watch, res, functools.partial(self._owner_event, res.plural))
 
     def _notify(self) -> None:
         self._changed.set()

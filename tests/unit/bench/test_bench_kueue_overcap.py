@@ -1,51 +1,100 @@
-"""Releases past the cap (bench/kueue_overcap.py) on hand-made event streams."""
+"""Releases past the cap (bench/kueue_overcap.py) on hand-made event streams, and the owner
+events the timeline records for it (bench/timeline.py) from a fake API server.
+
+The cap is min(spec count, admitted count, the owner's own size) per pod set, as the tests'
+oracles judge it (``tests/integration/realpeers.py``), and a pod first seen live without a gate
+is released from that event on."""
 
 from __future__ import annotations
 
-from bench.kueue_overcap import releases_past_cap
-from bench.timeline import PodEvent, SliceEvent
+from typing import Any
+
+import anyio
+import pytest
+
+from bench.kueue_overcap import OverCap, releases_past_cap
+from bench.objects import JOBS, WORKLOADS
+from bench.timeline import (
+    OwnerEvent,
+    PodEvent,
+    SliceEvent,
+    Timeline,
+    job_sizes,
+    raycluster_sizes,
+)
+from tests.fakekube import FakeKube
+from ungater._kube.client import PODS, Resource
 
 K, U = "k/gate", "u/gate"
 GATES = {"kueue": K, "ungater": U}
 BOTH = frozenset({K, U})
+NONE: frozenset[str] = frozenset()
+Event = PodEvent | SliceEvent | OwnerEvent
 
 
-def pod(rv: int, uid: str, gates: frozenset[str], live: bool = True, owner: str = "o") -> PodEvent:
-    return PodEvent(rv, uid, owner, "main", BOTH, gates, live)
+def pod(
+    rv: int,
+    uid: str,
+    gates: frozenset[str],
+    live: bool = True,
+    owner: str = "o",
+    carried: frozenset[str] = BOTH,
+) -> PodEvent:
+    return PodEvent(rv, uid, owner, "main", carried, gates, live)
 
 
-def admitted(rv: int, name: str, count: int, owner: str = "o") -> SliceEvent:
-    return SliceEvent(rv, name, owner, True, (("main", count),), False)
+def first_seen(rv: int, uid: str, gates: frozenset[str]) -> PodEvent:
+    """A pod whose first event already lacks some gate: the gates it carried are those it has."""
+    return pod(rv, uid, gates, carried=gates)
 
 
-def counts(events: list[PodEvent | SliceEvent]) -> dict[str, int]:
-    return {label: oc.count for label, oc in releases_past_cap(events, GATES).items()}
+def admitted(
+    rv: int, name: str, count: int, owner: str = "o", spec: int | None = None
+) -> SliceEvent:
+    spec_count = count if spec is None else spec
+    return SliceEvent(rv, name, owner, True, (("main", count),), False, (("main", spec_count),))
+
+
+def job(rv: int, size: int, owner: str = "o", gone: bool = False) -> OwnerEvent:
+    return OwnerEvent(rv, owner, (("main", size),), gone)
+
+
+def judge(events: list[Event]) -> dict[str, OverCap]:
+    return releases_past_cap(events, GATES)
+
+
+def counts(events: list[Event]) -> dict[str, int]:
+    return {label: oc.count for label, oc in judge(events).items()}
+
+
+# -- what the judge counted before: the admitted count, releases of gated pods -----------------
 
 
 def test_releases_within_the_admitted_count_are_not_past_the_cap() -> None:
-    events = [admitted(1, "s1", 2), pod(2, "a", BOTH), pod(3, "b", BOTH)]
+    events: list[Event] = [job(0, 2), admitted(1, "s1", 2), pod(2, "a", BOTH), pod(3, "b", BOTH)]
     events += [pod(4, "a", frozenset({U})), pod(5, "b", frozenset({U}))]  # Kueue's gate off
-    events += [pod(6, "a", frozenset()), pod(7, "b", frozenset())]  # ungater's off
+    events += [pod(6, "a", NONE), pod(7, "b", NONE)]  # ungater's off
     assert counts(events) == {"kueue": 0, "ungater": 0}
 
 
 def test_a_release_beyond_the_count_is_counted_for_its_gate_alone() -> None:
-    events = [admitted(1, "s1", 1), pod(2, "a", BOTH), pod(3, "b", BOTH)]
+    events: list[Event] = [job(0, 2), admitted(1, "s1", 1), pod(2, "a", BOTH), pod(3, "b", BOTH)]
     events += [pod(4, "a", frozenset({U})), pod(5, "b", frozenset({U}))]  # 2 for a cap of 1
-    events += [pod(6, "a", frozenset())]
-    result = releases_past_cap(events, GATES)
+    events += [pod(6, "a", NONE)]
+    result = judge(events)
     assert result["kueue"].count == 1 and result["kueue"].worst == 1
     assert result["ungater"].count == 0
 
 
 def test_a_release_before_any_admission_is_past_a_cap_of_zero() -> None:
-    events = [pod(1, "a", BOTH), pod(2, "a", frozenset({K}))]
+    events: list[Event] = [job(0, 1), pod(1, "a", BOTH), pod(2, "a", frozenset({K}))]
     assert counts(events) == {"kueue": 0, "ungater": 1}
 
 
 def test_resource_version_order_decides_not_arrival_order() -> None:
     # the release (rv 5) came after a slot freed (rv 4), though the pod watch delivered it first
-    events: list[PodEvent | SliceEvent] = [
+    events: list[Event] = [
+        job(0, 2),
         admitted(1, "s1", 1),
         pod(2, "a", frozenset({U})),  # released under the cap
         pod(3, "b", BOTH),
@@ -56,21 +105,223 @@ def test_resource_version_order_decides_not_arrival_order() -> None:
 
 
 def test_the_newest_admitted_slice_sets_the_cap() -> None:
-    # a shrink: the replacement for 1 is admitted after a slice of 3; the third release is over
-    events = [admitted(1, "s1", 3), admitted(2, "s2", 1)]
+    # a shrink: the replacement for 1 is admitted after a slice of 3; the second release is over
+    events: list[Event] = [job(0, 3), admitted(1, "s1", 3), admitted(2, "s2", 1)]
     events += [pod(3 + i, f"p{i}", BOTH) for i in range(2)]
     events += [pod(10, "p0", frozenset({U})), pod(11, "p1", frozenset({U}))]
     assert counts(events) == {"kueue": 1, "ungater": 0}
 
 
 def test_a_pod_seen_released_again_is_one_release() -> None:
-    events = [admitted(1, "s1", 0), pod(2, "a", BOTH), pod(3, "a", frozenset({U}))]
-    events += [pod(4, "a", frozenset({U})), pod(5, "a", frozenset({U}))]  # later updates
+    events: list[Event] = [job(0, 1), admitted(1, "s1", 0), pod(2, "a", BOTH)]
+    events += [
+        pod(3, "a", frozenset({U})),
+        pod(4, "a", frozenset({U})),
+        pod(5, "a", frozenset({U})),
+    ]
     assert counts(events) == {"kueue": 1, "ungater": 0}
 
 
 def test_owners_do_not_share_a_cap() -> None:
-    events = [admitted(1, "s1", 1, owner="x"), admitted(2, "s2", 1, owner="y")]
+    events: list[Event] = [job(0, 1, owner="x"), job(0, 1, owner="y")]
+    events += [admitted(1, "s1", 1, owner="x"), admitted(2, "s2", 1, owner="y")]
     events += [pod(3, "a", BOTH, owner="x"), pod(4, "b", BOTH, owner="y")]
     events += [pod(5, "a", frozenset({U}), owner="x"), pod(6, "b", frozenset({U}), owner="y")]
     assert counts(events) == {"kueue": 0, "ungater": 0}
+
+
+# -- issue 33: min(spec, admitted, owner size); a pod first seen released ----------------------
+
+
+def test_a_clean_history_is_nothing_past_the_cap() -> None:
+    # a Job of 3 admitted at 3: two gated pods released, one first seen released, all within
+    # the cap; two pods finish, the Job shrinks to 2, and a new pod's release fits again
+    events: list[Event] = [job(1, 3), admitted(2, "s1", 3)]
+    events += [pod(3, "a", BOTH), pod(4, "b", BOTH), first_seen(5, "c", NONE)]
+    events += [pod(6, "a", frozenset({U})), pod(7, "b", frozenset({U}))]
+    events += [pod(8, "a", NONE), pod(9, "b", NONE)]
+    events += [pod(10, "a", NONE, live=False), pod(11, "b", NONE, live=False), job(12, 2)]
+    events += [pod(13, "d", BOTH), pod(14, "d", NONE)]  # c and d: 2 of min(3, 3, 2)
+    events += [pod(15, "e", NONE, live=False, carried=NONE)]  # first seen finished: not live
+    assert counts(events) == {"kueue": 0, "ungater": 0}
+
+
+def test_a_pod_first_seen_released_beyond_the_admitted_count_is_past_the_cap() -> None:
+    # (a) admitted 1: pod a released under it; pod b is first seen live with neither gate
+    events: list[Event] = [job(0, 5), admitted(1, "s1", 1), pod(2, "a", BOTH)]
+    events += [pod(3, "a", frozenset({K})), pod(4, "a", NONE)]  # 1 of 1, each gate
+    events += [first_seen(5, "b", NONE)]  # 2 live released for 1, for each gate
+    events += [first_seen(5, "b", NONE), pod(6, "b", NONE)]  # seen again (a relist, an update)
+    result = judge(events)
+    assert {label: oc.count for label, oc in result.items()} == {"kueue": 1, "ungater": 1}
+    assert result["ungater"].worst == 1
+    assert result["ungater"].examples[0] == {
+        "rv": 5,
+        "owner": "o",
+        "pod_set": "main",
+        "live": 2,
+        "cap": 1,
+        "spec": 1,
+        "admitted": 1,
+        "owner_size": 5,
+        "first_seen": True,
+    }
+
+
+def test_a_release_past_an_owner_shrunk_below_the_admitted_count_is_past_the_cap() -> None:
+    # (b) a Job of 4 admitted at 4 shrinks to parallelism 2 before the slice is lowered: the
+    # third live release is past min(4, 4, 2)
+    events: list[Event] = [job(1, 4), admitted(2, "s1", 4)]
+    events += [pod(3 + i, f"p{i}", BOTH) for i in range(4)]
+    events += [job(10, 2)]
+    events += [pod(11 + i, f"p{i}", frozenset({K})) for i in range(3)]  # ungater's gate off
+    result = judge(events)
+    assert {label: oc.count for label, oc in result.items()} == {"kueue": 0, "ungater": 1}
+    assert result["ungater"].examples[0]["rv"] == 13
+    assert result["ungater"].examples[0]["cap"] == 2
+    assert result["ungater"].examples[0]["owner_size"] == 2
+
+
+def test_a_release_past_a_spec_count_lower_than_the_admitted_count_is_past_the_cap() -> None:
+    # (c) the slice admits 4 but its spec asks for 2 (lowered in place): min(2, 4, 4) = 2
+    events: list[Event] = [job(1, 4), admitted(2, "s1", 4, spec=2)]
+    events += [pod(3 + i, f"p{i}", BOTH) for i in range(3)]
+    events += [pod(10 + i, f"p{i}", frozenset({K})) for i in range(3)]
+    result = judge(events)
+    assert {label: oc.count for label, oc in result.items()} == {"kueue": 0, "ungater": 1}
+    assert result["ungater"].examples[0]["spec"] == 2
+    assert result["ungater"].examples[0]["admitted"] == 4
+
+
+def test_an_owner_never_seen_or_gone_bounds_at_zero() -> None:
+    never: list[Event] = [admitted(1, "s1", 3), pod(2, "a", BOTH), pod(3, "a", frozenset({K}))]
+    assert counts(never) == {"kueue": 0, "ungater": 1}
+    gone: list[Event] = [job(0, 3), admitted(1, "s1", 3), pod(2, "a", BOTH)]
+    gone += [job(3, 3, gone=True), pod(4, "a", frozenset({K}))]
+    assert counts(gone) == {"kueue": 0, "ungater": 1}
+
+
+def test_each_pod_set_has_its_own_cap_and_size() -> None:
+    # a RayCluster: head 1, workers 2 (owner), the slice admits head 1, workers 3
+    rc = OwnerEvent(0, "o", (("head", 1), ("workers", 2)), False)
+    counts_ = (("head", 1), ("workers", 3))
+    slice_ = SliceEvent(1, "s1", "o", True, counts_, False, counts_)
+    events: list[Event] = [rc, slice_]
+    for i, pod_set in enumerate(("head", "workers", "workers", "workers")):
+        events.append(PodEvent(10 + i, f"p{i}", "o", pod_set, BOTH, BOTH, True))
+        events.append(PodEvent(20 + i, f"p{i}", "o", pod_set, BOTH, frozenset({K}), True))
+    result = judge(events)
+    assert result["ungater"].count == 1  # the third worker: 3 > min(3, 3, 2)
+    assert result["ungater"].examples[0]["pod_set"] == "workers"
+
+
+# -- the owner's own size, from its raw object ----------------------------------------------
+
+
+def test_a_jobs_size_is_what_its_controller_keeps_active() -> None:
+    def size(spec: dict[str, Any], status: dict[str, Any] | None = None) -> int:
+        return dict(job_sizes({"spec": spec, "status": status or {}}))["main"]
+
+    assert size({"parallelism": 4, "completions": 10}) == 4
+    assert size({"parallelism": 4, "completions": 10}, {"succeeded": 8}) == 2
+    assert size({"parallelism": 4}) == 4  # no completions: parallelism alone
+    assert size({}) == 1  # the API server's default parallelism
+    assert size({"parallelism": 4, "suspend": True}) == 0
+
+
+def test_a_rayclusters_size_is_the_head_and_each_group_as_kuberay_keeps_them() -> None:
+    group = {"groupName": "Workers", "replicas": 3, "minReplicas": 0, "maxReplicas": 10}
+    spec: dict[str, Any] = {"workerGroupSpecs": [group | {"numOfHosts": 2}]}
+    assert dict(raycluster_sizes({"spec": spec})) == {"head": 1, "workers": 6}
+    clamped = {"workerGroupSpecs": [group | {"replicas": 20}, group | {"groupName": "b"}]}
+    assert dict(raycluster_sizes({"spec": clamped})) == {"head": 1, "workers": 10, "b": 3}
+    assert dict(raycluster_sizes({"spec": spec | {"suspend": True}})) == {"head": 0, "workers": 0}
+
+
+# -- the timeline records the owners beside the pods and slices -----------------------------
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_the_timeline_feeds_the_judge_the_owners_size_in_resource_version_order() -> None:
+    """A Job of 4 under a slice of 4 shrinks to 2, then three pods lose ungater's gate: the
+    timeline's own events (pods, Workloads, the Job) make the third past the cap."""
+    fake, ns = FakeKube(), "ns"
+    rayclusters = Resource("ray.io", "v1", "rayclusters", "RayCluster")
+    tl = Timeline(fake, ns, (JOBS, rayclusters))
+    meta = {"name": "j", "namespace": ns}
+    created = fake.put(JOBS, {"metadata": meta, "spec": {"parallelism": 4, "completions": 4}})
+    uid = created["metadata"]["uid"]
+    owner_ref = {"controller": True, "uid": uid, "kind": "Job", "name": "j"}
+    status = {
+        "conditions": [{"type": "Admitted", "status": "True"}],
+        "admission": {"podSetAssignments": [{"name": "main", "count": 4}]},
+    }
+    wl_meta = {"name": "w", "namespace": ns, "ownerReferences": [owner_ref]}
+    fake.put(WORKLOADS, {"metadata": wl_meta, "spec": {"podSets": [{"name": "main", "count": 4}]}})
+    fake.put(
+        WORKLOADS,
+        {
+            "metadata": wl_meta,
+            "spec": {"podSets": [{"name": "main", "count": 4}]},
+            "status": status,
+        },
+    )
+
+    def pod_obj(i: int, gates: list[str]) -> dict[str, Any]:
+        labels = {"batch.kubernetes.io/controller-uid": uid}
+        return {
+            "metadata": {"name": f"p{i}", "namespace": ns, "labels": labels},
+            "spec": {"schedulingGates": [{"name": g} for g in gates]},
+            "status": {"phase": "Pending"},
+        }
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(tl.run)
+        with anyio.fail_after(5):
+            await tl.synced.wait()
+        for i in range(4):
+            fake.put(PODS, pod_obj(i, [K, U]))
+        fake.put(JOBS, {"metadata": meta, "spec": {"parallelism": 2, "completions": 4}})
+        for i in range(3):
+            fake.put(PODS, pod_obj(i, [K]))
+        rv = fake.rv
+
+        def all_seen() -> bool:
+            return max((e.rv for e in tl.events), default=0) >= rv
+
+        assert await tl.until(all_seen, 5, "every event")
+        tg.cancel_scope.cancel()
+    owner_events = [e for e in tl.events if isinstance(e, OwnerEvent)]
+    assert [dict(e.sizes) for e in owner_events] == [{"main": 4}, {"main": 2}]
+    slices = [e for e in tl.events if isinstance(e, SliceEvent)]
+    assert slices[-1].admitted and slices[-1].spec == (("main", 4),)
+    assert tl.gaps == 0
+    result = judge(tl.events)
+    assert {label: oc.count for label, oc in result.items()} == {"kueue": 0, "ungater": 1}
+    assert result["ungater"].examples[0]["owner_size"] == 2
+
+
+@pytest.mark.parametrize(
+    ("reason", "active"), [("WorkloadSliceReplaced", True), ("JobFinished", False)]
+)
+def test_a_slice_finished_but_by_a_replacement_no_longer_admits(reason: str, active: bool) -> None:
+    tl = Timeline(FakeKube(), "ns")
+    conds = [
+        {"type": "Admitted", "status": "True"},
+        {"type": "Finished", "status": "True", "reason": reason},
+    ]
+    wl = {
+        "metadata": {"name": "w", "resourceVersion": "7"},
+        "spec": {"podSets": [{"name": "main", "count": 3}]},
+        "status": {"conditions": conds, "admission": {"podSetAssignments": [{"name": "main"}]}},
+    }
+    tl._slice("MODIFIED", wl, 0.0)
+    (event,) = tl.events
+    assert isinstance(event, SliceEvent)
+    assert event.admitted is active
+    assert event.counts == (("main", 3),)  # no count in the assignment: the spec's
