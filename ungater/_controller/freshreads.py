@@ -107,17 +107,28 @@ class FreshReads:
 
     async def refresh_slice(self, key: OwnerKey, slices: list[WorkloadView]) -> list[WorkloadView]:
         """Read the active slice from the API server (a quorum read) into the Workload cache;
-        the owner's slices as they are now (none when it cannot be read as one of ours)."""
-        active = active_slice(slices)
-        assert active is not None
+        the owner's slices as they are now (none when it cannot be read as one of ours).
+
+        A read that shows the slice finished or evicted makes another cached slice the active
+        one, which this fence has not read: it is read in turn, so that the decision never
+        rests on a slice the fence did not read (at most one read per cached slice).
+        """
         res = workload_resource(self.s.workload_version)
-        obj = await self.s.client.get(res, active.namespace, active.name)
-        fresh = parse_workload(obj) if obj is not None else None
-        if fresh is None or fresh.uid != active.uid:
-            self.s.workloads.on_change(active, None)  # gone, or another object now
-            return []
-        self.s.workloads.on_change(active, fresh)
-        return self.s.workloads.for_owner(key.uid)
+        read: set[str] = set()
+        for _ in range(len(slices)):
+            active = active_slice(self.s.workloads.for_owner(key.uid))
+            if active is None or active.uid in read:
+                break
+            read.add(active.uid)
+            obj = await self.s.client.get(res, active.namespace, active.name)
+            fresh = parse_workload(obj) if obj is not None else None
+            if fresh is None or fresh.uid != active.uid:
+                self.s.workloads.on_change(active, None)  # gone, or another object now
+                continue
+            self.s.workloads.on_change(active, fresh)
+        now = self.s.workloads.for_owner(key.uid)
+        active = active_slice(now)
+        return now if active is not None and active.uid in read else []
 
     async def refresh_owner(self, rt: KindRuntime, namespace: str, owner: ObjectRef) -> bool:
         """Read the owner from the API server (a quorum read) into the owner facts.

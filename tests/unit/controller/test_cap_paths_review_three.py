@@ -32,6 +32,7 @@ from tests.unit.controller.test_cap_paths import (
 )
 from tests.unit.harness import running
 from tests.unit.podfactory import GATE, NAMESPACE, job, job_pod, workload
+from ungater._decide.indexes import OwnerKey
 from ungater._kube.client import PODS
 
 
@@ -86,3 +87,99 @@ def _gate_names(pod: dict[str, Any]) -> list[str]:
 
 
 assert GATE  # imported for the later tests of this file
+
+
+# -- 2. the fence reads every slice it would decide on -------------------------------------------
+
+
+def _peak_since(fake: FakeKube, since: int) -> int:
+    """The most live released pods at any moment after resourceVersion ``since``."""
+    now: dict[str, bool] = {}
+    peak = 0
+    for rv, rkey, _ns, etype, obj, _old in fake.history:
+        if rkey != ("", "pods"):
+            continue
+        now[obj["metadata"]["uid"]] = etype != "DELETED" and _live_released(obj)
+        if rv > since:
+            peak = max(peak, sum(now.values()))
+    return peak
+
+
+def _live_released(pod: dict[str, Any]) -> bool:
+    return (
+        GATE not in _gate_names(pod)
+        and pod["status"]["phase"] not in ("Succeeded", "Failed")
+        and not pod["metadata"].get("deletionTimestamp")
+    )
+
+
+def _sized(j: dict[str, Any], parallelism: int) -> dict[str, Any]:
+    return {**j, "spec": {**j["spec"], "parallelism": parallelism}}
+
+
+def _finished(fake: FakeKube, wl: dict[str, Any]) -> dict[str, Any]:
+    now = fake.read(WORKLOADS, NAMESPACE, wl["metadata"]["name"]) or {}
+    now["status"]["conditions"].append(
+        {"type": "Finished", "status": "True", "reason": "WorkloadSliceReplaced"}
+    )
+    return fake.put(WORKLOADS, now)
+
+
+def _slice(
+    j: dict[str, Any], count: int, seed: str, after: dict[str, Any] | None, **kw: Any
+) -> Any:
+    replaced = f"{NAMESPACE}/{after['metadata']['name']}" if after is not None else None
+    return workload(j, {"main": count}, seed=seed, replacement_for=replaced, **kw)
+
+
+@pytest.mark.anyio
+async def test_the_shrink_fence_never_falls_back_to_a_cached_slice_it_did_not_read() -> None:
+    """The Workload watch stalls after S2 (6) was admitted and before it shows S1 finished. The
+    Job shrinks 6 -> 2 (pods deleted: the fence is armed), S2 is lowered in place to 2, the Job
+    grows to 3 (S3 admitted at 3, S2 finished), then to 5 (S4 pending). The fence re-reads S2,
+    finds it finished, and must not then decide on the cached S1 (4), which it never read."""
+    fake = FakeKube()
+    client = Lagging(fake)
+    j = fake.put(JOBS, job("train", parallelism=4, completions=8))
+    pods = [fake.put(PODS, job_pod(j, index=i, created=1 + i)) for i in range(4)]
+    async with running(client, config()) as ctl:
+        s1 = fake.put(WORKLOADS, _slice(j, 4, "", None, admitted={"main": 4}))
+        await eventually(lambda: live_released(fake) == 4, what="S1's 4 released")
+        j = fake.put(JOBS, _sized(j, 6))
+        pods += [fake.put(PODS, job_pod(j, index=i, created=1 + i)) for i in (4, 5)]
+        s2 = fake.put(WORKLOADS, _slice(j, 6, "s2", s1, admitted={"main": 6}, created=10))
+        await eventually(lambda: live_released(fake) == 6, what="S2's 6 released")
+        held = [client.hold(plural) for plural in ("workloads", "jobs", "pods")]
+        _finished(fake, s1)
+        j = fake.put(JOBS, _sized(j, 2))
+        for p in pods[2:]:
+            fake.delete(PODS, NAMESPACE, p["metadata"]["name"])
+        start = fake.rv  # 2 live from here on; S3 will admit 3
+        lowered = fake.read(WORKLOADS, NAMESPACE, s2["metadata"]["name"]) or {}
+        lowered["spec"]["podSets"][0]["count"] = 2
+        lowered["status"]["admission"]["podSetAssignments"][0]["count"] = 2
+        fake.put(WORKLOADS, lowered)
+        j = fake.put(JOBS, _sized(j, 3))
+        _finished(fake, s2)
+        s3 = fake.put(WORKLOADS, _slice(j, 3, "s3", s2, admitted={"main": 3}, created=20))
+        fake.put(PODS, job_pod(j, index=2, created=30, seed="again"))
+        j = fake.put(JOBS, _sized(j, 5))
+        fake.put(WORKLOADS, _slice(j, 5, "s4", s3, created=40))
+        for i in (3, 4):
+            fake.put(PODS, job_pod(j, index=i, created=30 + i, seed="again"))
+        for gate in held[1:]:  # the Jobs and the pods come through; the Workloads do not
+            gate.set()
+        key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
+        rt = ctl.kinds[next(iter(ctl.kinds))]
+        await eventually(
+            lambda: (
+                sum(not p.deleting for p in rt.pods.by_uid.values()) == 5
+                and ctl.state.owner_rv[key.uid] == int(j["metadata"]["resourceVersion"])
+            ),
+            what="the grown Job and its pods in the caches",
+        )
+        await holds_for(lambda: live_released(fake) <= 3, 0.4, what="at most S3's 3")
+        held[0].set()
+        await eventually(lambda: live_released(fake) == 3, what="S3's third pod")
+        await holds_for(lambda: live_released(fake) == 3, 0.3, what="S3's 3 once caught up")
+    assert _peak_since(fake, start) == 3
