@@ -5,8 +5,23 @@ replays them in resourceVersion order (one etcd: one order) and checks, at every
 released a pod, that the live pods without ungater's gate are within the active slice's cap and
 the owner's own size.  It also counts, at the end of each step, what each releaser released:
 ungater's gate (``UNGATER_GATE``, put in the templates by the tests) and Kueue's own
-``kueue.x-k8s.io/elastic-job``, which the real Kueue v0.17.0 removes itself from every pod of an
-admitted slice.  The two counts side by side are the differential record.
+``kueue.x-k8s.io/elastic-job``, which the real Kueue removes itself: the default Kueue (v0.19.2,
+or ``$UNGATER_KUEUE_VERSION``) with its ElasticJobUngater up to the admitted count, in pod name
+order; v0.17.1, which the JobSet and audit tests ask for (``kueue_version`` marker), with its
+alpha ElasticJobUngater, past the admitted count in some stories (kueue#11977).  The two counts
+side by side are the differential record.
+
+The record is judged only whole.  A watch that fails for a reason the server can serve past (a
+cut connection, a silent stream, a 5xx) resumes from the last resourceVersion it saw: the server
+then sends every later event, or answers 410.  A 410 Gone (mid-stream or on resuming), an
+``ERROR`` event or an expired resourceVersion leaves events between the last resourceVersion
+seen and the relist that nothing can recover (a pod released and deleted in between is in
+neither), so the watch relists and records a :class:`Gap`; running out of watch rounds, or being
+stopped while its watch is down (after a failure, before the relist or the resumed watch), is a
+gap too.  The relisted state is recorded (``Event.relisted``), but ``replay()`` and ``excess()``
+raise :class:`IncompleteHistory` on any gap, naming it, instead of judging a history with a hole.
+A failure of the recorder's own bookkeeping on an event raises :class:`RecorderBroken` out of the
+watch task at once.
 """
 
 from __future__ import annotations
@@ -16,7 +31,7 @@ import json
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import aclosing, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +40,7 @@ import yaml
 
 from tests.integration.k8s import Kube
 from tests.objects import PODS, WORKLOADS, controller_uid, gates_of
-from ungater._kube.client import Resource
+from ungater._kube.client import ApiError, Resource
 
 UNGATER_GATE = "example.com/ungater"
 KUEUE_GATE = "kueue.x-k8s.io/elastic-job"
@@ -234,6 +249,50 @@ class Event:
     kind: str  # ADDED, MODIFIED, DELETED
     obj: dict[str, Any]
     at: float = field(default_factory=time.monotonic)  # when the watch received it
+    # from a relist after a gap, not a watch: the object's state at the list (a DELETED one:
+    # gone by the list's resourceVersion, its ``rv``), not the moment it changed
+    relisted: bool = False
+
+
+#: watch rounds per resource (each one watch of up to ``WATCH_SECONDS``, or one relist)
+WATCH_ROUNDS = 1000
+WATCH_SECONDS = 60  # the server ends each watch after this long
+SILENCE_SECONDS = 120.0  # a stream silent for longer is taken for dead (bookmarks come sooner)
+LIST_SECONDS = 30.0  # one list, at most
+RETRY_SECONDS = 0.2  # before a watch is resumed or a relist tried again
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Events of one resource the recorder cannot have seen: those after ``after_rv`` (the
+    last resourceVersion its watch delivered) up to ``until_rv`` (the relist that followed;
+    None: to the end of the record)."""
+
+    resource: str  # "pod", "workload", "owner"
+    after_rv: int
+    until_rv: int | None
+    why: str
+
+    def line(self) -> str:
+        until = f"rv {self.until_rv}" if self.until_rv is not None else "the end of the record"
+        return f"{self.resource} events after rv {self.after_rv} up to {until} unseen: {self.why}"
+
+
+class IncompleteHistory(AssertionError):
+    """The record has a gap: a replay of it would judge less than what happened."""
+
+
+class RecorderBroken(Exception):
+    """The recorder's own bookkeeping failed on an event: the record stopped being kept."""
+
+
+class _ErrorEvent(Exception):
+    """The watch stream sent an ``ERROR`` event (its object, a Status, in ``status``)."""
+
+    def __init__(self, status: Any) -> None:
+        code = status.get("code") if isinstance(status, dict) else None
+        message = status.get("message", "") if isinstance(status, dict) else status
+        super().__init__(f"ERROR event {code}: {message}".strip())
 
 
 @dataclass
@@ -325,29 +384,129 @@ class SliceWatch:
     _started: dict[str, int] = field(default_factory=dict)
     owner_name: str = ""
     kueue_excess: list[str] = field(default_factory=list)
+    gaps: list[Gap] = field(default_factory=list)  # non-empty: replay() and excess() refuse
+    relists: dict[str, int] = field(default_factory=dict)  # per resource, after the first list
+    # per resource: uid -> the object as last recorded (what a relist is compared with)
+    _known: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return not self.gaps
+
+    def check_complete(self) -> None:
+        """Raise :class:`IncompleteHistory`, naming every gap, unless the record is whole."""
+        if self.gaps:
+            lines = "; ".join(g.line() for g in self.gaps)
+            raise IncompleteHistory(
+                f"the recorded history is incomplete, so it cannot be judged: {lines}"
+            )
+
+    def _record(self, name: str, ev: Any) -> str:
+        """Record one watch event; the resourceVersion to resume from. Raises ``_ErrorEvent``
+        on an ``ERROR`` event, ``RecorderBroken`` when the event cannot be recorded."""
+        try:
+            kind = ev["type"]
+            if kind == "ERROR":
+                raise _ErrorEvent(ev.get("object"))
+            obj = ev["object"]
+            rv = str(obj["metadata"]["resourceVersion"])
+            if kind in ("ADDED", "MODIFIED", "DELETED"):
+                self.events.append(Event(int(rv), name, kind, obj))
+                known = self._known.setdefault(name, {})
+                if kind == "DELETED":
+                    known.pop(obj["metadata"]["uid"], None)
+                else:
+                    known[obj["metadata"]["uid"]] = obj
+            return rv
+        except _ErrorEvent:
+            raise
+        except Exception as exc:
+            raise RecorderBroken(f"the recorder failed on a {name} event: {exc!r}") from exc
+
+    def _listed(self, name: str, items: list[dict[str, Any]], list_rv: str) -> None:
+        """Record a list: each object new or changed since it was last recorded (all of them,
+        the first time), and each recorded one the list no longer has, gone by ``list_rv``."""
+        try:
+            first = name not in self._known
+            known = self._known.setdefault(name, {})
+            listed = {obj["metadata"]["uid"]: obj for obj in items}
+            for uid, obj in listed.items():
+                before = known.get(uid)
+                rv = obj["metadata"]["resourceVersion"]
+                if before is None or before["metadata"]["resourceVersion"] != rv:
+                    kind = "ADDED" if before is None else "MODIFIED"
+                    self.events.append(Event(int(rv), name, kind, obj, relisted=not first))
+            for uid, obj in known.items():
+                if uid not in listed:
+                    self.events.append(Event(int(list_rv), name, "DELETED", obj, relisted=True))
+            self._known[name] = listed
+        except Exception as exc:
+            raise RecorderBroken(f"the recorder failed on a {name} list: {exc!r}") from exc
 
     async def _watch(self, res: Resource, name: str) -> None:
-        items, rv = await self.kube.client.list_objects(res, self.ns, "")
-        for obj in items:
-            self.events.append(Event(int(obj["metadata"]["resourceVersion"]), name, "ADDED", obj))
+        """Record ``res`` as ``name``: list, then watch in at most ``WATCH_ROUNDS`` rounds,
+        resuming from the last resourceVersion seen, or relisting (a :class:`Gap`) when the
+        server can no longer serve from it (see the module's docstring)."""
+        with anyio.fail_after(LIST_SECONDS):
+            items, rv = await self.kube.client.list_objects(res, self.ns, "")
+        self._listed(name, items, rv)
         self._started[name] = 1
         if len(self._started) == 3:
             self.synced.set()
-        for _ in range(1000):
-            try:
-                async for ev in self.kube.client.watch(res, self.ns, rv, "", 60, 120):
-                    obj = ev["object"]
-                    rv = obj["metadata"]["resourceVersion"]
-                    if ev["type"] in ("ADDED", "MODIFIED", "DELETED"):
-                        self.events.append(Event(int(rv), name, ev["type"], obj))
-            except Exception:
-                await anyio.sleep(0.2)
+        expired = ""  # why the server can no longer serve from ``rv``: relist before watching
+        down = ""  # why the last round failed: until the next watch is asked for
+        try:
+            for _ in range(WATCH_ROUNDS):
+                if expired:
+                    try:
+                        with anyio.fail_after(LIST_SECONDS):
+                            items, list_rv = await self.kube.client.list_objects(res, self.ns, "")
+                    except Exception:  # the API server is away: try again, still expired
+                        await anyio.sleep(RETRY_SECONDS)
+                        continue
+                    if int(list_rv) != int(rv):  # else nothing was written since: no gap
+                        self.gaps.append(
+                            Gap(name, int(rv), int(list_rv), f"relisted after {expired}")
+                        )
+                    self._listed(name, items, list_rv)
+                    self.relists[name] = self.relists.get(name, 0) + 1
+                    rv, expired = list_rv, ""
+                down = ""
+                try:
+                    stream: Any = self.kube.client.watch(
+                        res, self.ns, rv, "", WATCH_SECONDS, SILENCE_SECONDS
+                    )
+                    async with aclosing(stream):  # closed here, in this task, even on a failure
+                        async for ev in stream:
+                            rv = self._record(name, ev)
+                except RecorderBroken:
+                    raise  # its own failure: no retry hides it
+                except _ErrorEvent as exc:
+                    expired = down = str(exc)
+                except ApiError as exc:
+                    if exc.status == 410:  # GoneError: the history past ``rv`` is compacted
+                        expired = down = f"410 Gone ({exc.reason})"
+                    else:  # served past ``rv`` again, or a 410 then
+                        down = repr(exc)
+                        await anyio.sleep(RETRY_SECONDS)
+                except Exception as exc:  # a cut, a silent stream, a restart: resume from rv
+                    down = repr(exc)
+                    await anyio.sleep(RETRY_SECONDS)
+        except anyio.get_cancelled_exc_class():
+            if down:  # stopped before the watch was back: what came after ``rv`` is unseen
+                self.gaps.append(Gap(name, int(rv), None, f"stopped with its watch down ({down})"))
+            raise
+        self.gaps.append(
+            Gap(name, int(rv), None, f"ran out of its {WATCH_ROUNDS} watch rounds: it stopped")
+        )
 
     # ------------------------------------------------------------------ replay
     def replay(self, gate: str = UNGATER_GATE) -> list[str]:
         """Replay every event in resourceVersion order; at each moment a pod lost ``gate``
         (was released), check the live released pods of its pod set against the active
-        slice's cap and the owner's size.  Returns the moments it was exceeded."""
+        slice's cap and the owner's size.  Returns the moments it was exceeded; raises
+        :class:`IncompleteHistory` when the record has a gap."""
+        self.check_complete()
         pods: dict[str, dict[str, Any]] = {}
         workloads: dict[str, dict[str, Any]] = {}
         owner: dict[str, Any] | None = None
@@ -396,7 +555,8 @@ class SliceWatch:
         """Replay every event in resourceVersion order and return the spans during which a pod
         set had more live pods without ``gate`` than the owner's active slice admits, whoever
         removed the gate (a span ends when the count is back within the limit, or the active
-        slice changes)."""
+        slice changes); raises :class:`IncompleteHistory` when the record has a gap."""
+        self.check_complete()
         pods: dict[str, dict[str, Any]] = {}
         workloads: dict[str, dict[str, Any]] = {}
         open_: dict[str, Excess] = {}

@@ -1,4 +1,5 @@
-"""Audit mode beside the real Kueue v0.17.0 and the real KubeRay v1.6.1, on Kueue's own gate.
+"""Audit mode beside the real Kueue v0.17.1 (the module's ``kueue_version`` marker: a Kueue that
+releases past the admitted count) and the real KubeRay v1.6.1, on Kueue's own gate.
 
 ungater audits RayClusters (``mode: audit``: it never patches) while Kueue releases its gate.
 The excess is real and lasting, not a transient to be caught: the RayCluster autoscales
@@ -148,9 +149,10 @@ async def count_is(kube: Kube, ns: str, released: int, total: int | None = None)
 async def active(kube: Kube, ns: str, uid: str, workers: int) -> dict[str, Any] | None:
     """The owner's active slice once its cap is ``workers`` workers: min(spec, admitted).
 
-    Kueue v0.17.0 reaches a cap of 2 after the 8 -> 2 shrink either way, seen both in CI: it
-    shrinks the pending slice and admits it for 2, or it drops the pending slice and lowers
-    the active slice's spec to 2 in place (its admission keeps the old count, 4).
+    Kueue reaches a cap of 2 after the 8 -> 2 shrink either way (both seen in CI, on v0.17.0,
+    before this module asked for v0.17.1): it shrinks the pending slice and admits it for 2, or
+    it drops the pending slice and lowers the active slice's spec to 2 in place (its admission
+    keeps the old count, 4).
     """
     wl = active_slice_of(await kube.list(WORKLOADS, ns), uid)
     if wl is None:

@@ -1,10 +1,13 @@
-"""Elastic Indexed Jobs under the real Kueue v0.17.0 and the real Job controller.
+"""Elastic Indexed Jobs under the real Kueue and the real Job controller.  The Kueue is the
+fixtures' default: v0.19.2 (``$UNGATER_KUEUE_VERSION`` if set; v0.17.1 where v0.19.2 cannot be
+built, outside CI only).
 
 Kueue's webhook suspends the Job and adds its own gate (``kueue.x-k8s.io/elastic-job``) to the
-template; its scheduler admits slices against the ClusterQueue's quota and its job reconciler
-releases its own gate from every pod of an admitted slice.  The templates also carry
-``UNGATER_GATE``, which ungater (in-process) is configured to release: the two releasers act on
-the same pods and the same real slices, and the watch compares them (see ``realpeers``).
+template; its scheduler admits slices against the ClusterQueue's quota and its ElasticJobUngater
+releases its own gate from the pods of an admitted slice, up to the admitted count, in pod name
+order.  The templates also carry ``UNGATER_GATE``, which ungater (in-process) is configured to
+release: the two releasers act on the same pods and the same real slices, and the watch compares
+them (see ``realpeers``).
 """
 
 from __future__ import annotations

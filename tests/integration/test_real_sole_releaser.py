@@ -1,4 +1,6 @@
-"""ungater beside the real Kueue v0.17.0 on Kueue's own gate.
+"""ungater beside the real Kueue on Kueue's own gate: the default Kueue of the fixtures (v0.19.2;
+``$UNGATER_KUEUE_VERSION`` if set; v0.17.1 where v0.19.2 cannot be built, outside CI only), whose
+ElasticJobUngater releases that gate itself, up to the admitted count, in pod name order.
 
 With the shipped admission policy (deploy/manifests/optional/admission-policy.yaml) ungater is
 the only releaser: Kueue's own release patches are refused, everything else Kueue does keeps
@@ -172,9 +174,10 @@ async def _live_count(kube: Kube, ns: str, job: dict[str, Any], n: int) -> bool:
 async def test_beside_the_real_kueue_without_the_policy_ungater_stands_down(
     kueue_cluster: Any, kueue_kube: Kube, kueue_namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """No policy: Kueue v0.17.0 removes its own gate from every admitted pod. ungater, set to
-    release that same gate, sees its gate removed by another writer, stands down for Job
-    (audit only), says so, and patches nothing more while Kueue goes on releasing."""
+    """No policy: Kueue (v0.19.2, the default) removes its own gate from the admitted pods, up
+    to the admitted count, with its ElasticJobUngater. ungater, set to release that same gate,
+    sees its gate removed by another writer, stands down for Job (audit only), says so, and
+    patches nothing more while Kueue goes on releasing."""
     ns = kueue_namespace
     config = config_for(
         ns,
