@@ -201,6 +201,7 @@ class Controller:
         self.state.stop = stop
         if elector is not None:
             self._leading = lambda: elector.is_leader
+            self.state.term_start = lambda: _term_start(elector)
         async with anyio.create_task_group() as tg:
             for r in self.reflectors:
                 tg.start_soon(r.run)
@@ -334,6 +335,11 @@ class Controller:
                     self.metrics.observe_reconcile(result, time.monotonic() - started)
                 if self._busy == 0 and self._idle is not None:
                     self._idle.set()
+
+
+def _term_start(elector: LeaderElector) -> int:
+    term = elector.term
+    return (resource_version_number(term.resource_version) or 0) if term is not None else 0
 
 
 async def _first_of(*events: anyio.Event) -> None:

@@ -166,7 +166,7 @@ class EventHandlers:
             if (
                 rt.mode == "release"
                 and s.leading()  # a standby sees the leader's releases: not foreign
-                and _after(pod, s.term_rv)  # nor is a release older than this term
+                and _after(pod, s.term_start())  # nor is a release older than this term
                 and old is not None
                 and new is not None
                 and old.has_gate(gate)

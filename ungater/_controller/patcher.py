@@ -11,7 +11,7 @@ under us: re-decide), ``skipped`` (not leading) or ``error`` (it may have landed
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import anyio
@@ -50,10 +50,15 @@ class Patcher:
         self._refused_at: dict[str, PodView] = {}
 
     async def release_all(
-        self, releases: Sequence[Release], rt: KindRuntime | None = None
+        self,
+        releases: Sequence[Release],
+        rt: KindRuntime | None = None,
+        unchanged: Callable[[], bool] = lambda: True,
     ) -> dict[str, str]:
         """Patch every pod of ``releases`` (bounded concurrency); the outcome per pod UID.
-        Each patch not yet sent is skipped once ``rt`` (the owner's kind) stops releasing."""
+        Each patch not yet sent is skipped once ``rt`` (the owner's kind) stops releasing; a
+        refused one is resent only while ``unchanged()`` says the decision's other inputs are
+        as they were (the owner, its slices, no shrink since)."""
         outcomes: dict[str, str] = {}
 
         async def one(r: Release) -> None:
@@ -61,17 +66,19 @@ class Patcher:
                 if rt is not None and rt.mode != "release":
                     outcomes[r.pod.uid] = SKIPPED  # switched to audit since the decision
                     return
-                outcomes[r.pod.uid] = await self.release(r)
+                outcomes[r.pod.uid] = await self.release(r, unchanged)
 
         async with anyio.create_task_group() as tg:
             for r in releases:
                 tg.start_soon(one, r)
         return outcomes
 
-    async def release(self, r: Release) -> str:
+    async def release(self, r: Release, unchanged: Callable[[], bool] = lambda: True) -> str:
         outcome = await self._send(r)
         if outcome == CONFLICT:
             again = await self._resendable(r)
+            if again is not None and not unchanged():
+                again = None  # the caches moved since the decision: decide again instead
             if again is not None:  # once: a second refusal goes back to the decision
                 self.s.stats.patch_resent += 1
                 outcome = await self._send(again)

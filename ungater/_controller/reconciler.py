@@ -202,6 +202,18 @@ class Reconciler:
 
     # -- views that may be stale -----------------------------------------------------------------
 
+    def _basis(self, key: OwnerKey) -> tuple[object, ...]:
+        """What a decision for this owner read beside its pods, by version: the owner, its
+        slices, the objects it is sized by, and the newest moment it may have shrunk. A refused
+        release is resent only while this is unchanged (a resend is the old decision again)."""
+        s = self.s
+        return (
+            s.shrink_rv.get(key),
+            s.owner_rv.get(key.uid),
+            tuple((w.uid, w.resource_version) for w in s.workloads.for_owner(key.uid)),
+            tuple(sorted((o.uid, o.resource_version) for o in s.objects_controlled_by(key.uid))),
+        )
+
     def _writes_unseen(self, key: OwnerKey, rt: KindRuntime) -> bool:
         """Whether a release of ours for this owner, still in flight (expected or unanswered),
         is of a pod the deciding index does not hold: a decision would count it as nothing."""
@@ -241,7 +253,10 @@ class Reconciler:
             ((r.pod.uid, r.pod.namespace, r.pod.name, r.pod.resource_version) for r in releases),
             rt.kind,
         )
-        outcomes = await self.patcher.release_all(releases, rt)  # none once rt audits
+        basis = self._basis(key)
+        outcomes = await self.patcher.release_all(  # none once rt audits
+            releases, rt, unchanged=lambda: self._basis(key) == basis
+        )
         retry = False
         failed = 0
         released: list[Release] = []

@@ -148,6 +148,10 @@ class State:
         # is the previous leader's, not a foreign one), and the owners whose cached pods a
         # quorum read has confirmed since (the others are decided on such a read)
         self.term_rv = 0
+        # the start of the term this replica leads in, known from the moment it leads (the
+        # elector's term), not from when its workers start: a release seen in between is the
+        # previous leader's (set by the manager under election)
+        self.term_start: Callable[[], int] = lambda: self.term_rv
         self.proven: set[OwnerKey] | None = None  # None: no proof needed (no term changed)
         # the resourceVersion each cache has seen up to (set by the manager): once every one
         # is past term_rv, the caches show all the previous leader did, and prove every owner

@@ -23,9 +23,10 @@ from tests.fakekube import FakeKube
 from tests.lagging import Lagging
 from tests.objects import JOBS, WORKLOADS
 from tests.polling import eventually, holds_for
-from tests.unit.controller.test_cap_paths import (
+from tests.unit.capcheck import (
     CONFIG_MAPS,
     HandOver,
+    Term,
     config,
     live_released,
     peak_live_released,
@@ -82,35 +83,7 @@ async def test_an_expired_expectation_for_a_pod_the_cache_never_held_is_settled_
     assert peak_live_released(fake) == 1
 
 
-def _gate_names(pod: dict[str, Any]) -> list[str]:
-    return [g["name"] for g in pod["spec"].get("schedulingGates") or []]
-
-
-assert GATE  # imported for the later tests of this file
-
-
 # -- 2. the fence reads every slice it would decide on -------------------------------------------
-
-
-def _peak_since(fake: FakeKube, since: int) -> int:
-    """The most live released pods at any moment after resourceVersion ``since``."""
-    now: dict[str, bool] = {}
-    peak = 0
-    for rv, rkey, _ns, etype, obj, _old in fake.history:
-        if rkey != ("", "pods"):
-            continue
-        now[obj["metadata"]["uid"]] = etype != "DELETED" and _live_released(obj)
-        if rv > since:
-            peak = max(peak, sum(now.values()))
-    return peak
-
-
-def _live_released(pod: dict[str, Any]) -> bool:
-    return (
-        GATE not in _gate_names(pod)
-        and pod["status"]["phase"] not in ("Succeeded", "Failed")
-        and not pod["metadata"].get("deletionTimestamp")
-    )
 
 
 def _sized(j: dict[str, Any], parallelism: int) -> dict[str, Any]:
@@ -182,4 +155,126 @@ async def test_the_shrink_fence_never_falls_back_to_a_cached_slice_it_did_not_re
         held[0].set()
         await eventually(lambda: live_released(fake) == 3, what="S3's third pod")
         await holds_for(lambda: live_released(fake) == 3, 0.3, what="S3's 3 once caught up")
-    assert _peak_since(fake, start) == 3
+    assert peak_live_released(fake, since=start) == 3
+
+
+# -- 3. a resend decides nothing the caches no longer support ------------------------------------
+
+OTHER_GATE = "example.com/other-gate"
+
+
+class ShrinkBeforeResend:
+    """A client that, after our release of ``name`` is refused, holds the read the resend is
+    built on until ``ready()`` says the controller's caches show the owner shrunk."""
+
+    def __init__(self, inner: FakeKube, name: str) -> None:
+        self.inner = inner
+        self.name = name
+        self.refused = False
+        self.ready: Any = None
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    async def json_patch(self, resource: Any, namespace: Any, name: str, ops: Any) -> Any:
+        try:
+            return await self.inner.json_patch(resource, namespace, name, ops)
+        except Exception:
+            if name == self.name:
+                self.refused = True
+            raise
+
+    async def get(self, resource: Any, namespace: Any, name: str, *a: Any, **kw: Any) -> Any:
+        if name == self.name and self.refused and self.ready is not None:
+            await eventually(self.ready, timeout=5, what="the shrink in the caches")
+        return await self.inner.get(resource, namespace, name, *a, **kw)
+
+
+@pytest.mark.anyio
+async def test_a_refused_release_is_not_resent_past_a_shrink_the_cache_already_shows() -> None:
+    """Pod 2 carries another writer's gate beside ours; that writer removes its gate first, so
+    our release is refused on the changed version. Before the resend goes out the Job shrinks
+    3 -> 2 and the cache shows it (the shrink fence armed): the resend must not go out."""
+    fake = FakeKube()
+    j = fake.put(JOBS, job("train", parallelism=3, completions=3))
+    pods = [fake.put(PODS, job_pod(j, index=i, created=1 + i)) for i in range(3)]
+    two = pods[2]
+    two["spec"]["schedulingGates"].append({"name": OTHER_GATE})
+    two = fake.put(PODS, two)
+    client = ShrinkBeforeResend(fake, two["metadata"]["name"])
+
+    def other_writer_first(namespace: str, name: str) -> None:
+        if name != client.name or fake.before_patch is None:
+            return
+        fake.before_patch = None
+        now = fake.read(PODS, NAMESPACE, name) or {}
+        now["spec"]["schedulingGates"] = [
+            g for g in now["spec"]["schedulingGates"] if g["name"] != OTHER_GATE
+        ]
+        fake.put(PODS, now)  # the other writer's release: our patch now tests a stale version
+        fake.put(JOBS, _sized(j, 2))  # ... and the Job shrinks to 2
+
+    async with running(client, config()) as ctl:
+        key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
+        client.ready = lambda: (
+            ctl.state.owner_facts.get(key.uid, {}) != {}
+            and (
+                ctl.state.owner_rv.get(key.uid, -1)
+                >= int(fake.read(JOBS, NAMESPACE, "train")["metadata"]["resourceVersion"])
+            )
+        )
+        fake.before_patch = other_writer_first
+        fake.put(WORKLOADS, workload(j, {"main": 3}, admitted={"main": 3}))
+        await eventually(lambda: client.refused, what="pod 2's release refused")
+        await eventually(lambda: live_released(fake) >= 2, what="pods 0 and 1 released")
+        await holds_for(lambda: live_released(fake) == 2, 0.5, what="cap 2: the Job's size")
+    assert peak_live_released(fake) == 2
+
+
+# -- 4. the term's start is known from the moment it leads ---------------------------------------
+
+
+class EagerTerm:
+    """An elector as the real one behaves: ``is_leader`` and ``term`` turn true at once, and the
+    controller's ``fn(term)`` runs later (``enter``), after other tasks had their turns."""
+
+    def __init__(self, fake: FakeKube) -> None:
+        self.fake = fake
+        self.is_leader = False
+        self.term: Any = None
+        self.enter = anyio.Event()
+
+    def begin(self) -> None:
+        self.term = Term(1, anyio.Event(), str(self.fake.rv))
+        self.is_leader = True
+
+    async def run_while_leading(self, fn: Any) -> None:
+        await self.enter.wait()
+        await fn(self.term)
+
+
+@pytest.mark.anyio
+async def test_the_old_leaders_release_seen_as_the_term_begins_is_not_foreign() -> None:
+    """A standby's lagging pod watch delivers the old leader's release between the moment the
+    standby leads and the moment its workers start: that release predates the term."""
+    fake = FakeKube()
+    j = fake.put(JOBS, job("train", parallelism=1, completions=1))
+    fake.put(PODS, job_pod(j, index=0, created=1))
+    standby_client = Lagging(fake)
+    elector = EagerTerm(fake)
+    async with running(standby_client, config(), elector=elector) as standby:
+        held = standby_client.hold("pods")
+        async with running(fake, config()):  # the old leader
+            fake.put(WORKLOADS, workload(j, {"main": 1}, admitted={"main": 1}))
+            await eventually(lambda: live_released(fake) == 1, what="the old leader's release")
+        fake.put(CONFIG_MAPS, {"metadata": {"name": "lease", "namespace": NAMESPACE}})
+        elector.begin()  # leading from here; the workers start later
+        held.set()
+        rt = standby.kinds[next(iter(standby.kinds))]
+        await eventually(
+            lambda: all(not p.has_gate(GATE) for p in rt.pods.by_uid.values()),
+            what="the standby saw the old leader's release",
+        )
+        elector.enter.set()
+        await holds_for(lambda: live_released(fake) == 1, 0.3, what="nothing more released")
+        assert standby.stats.foreign_releases == 0

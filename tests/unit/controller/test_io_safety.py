@@ -97,9 +97,10 @@ class Elector:
 
     def __init__(self) -> None:
         self.is_leader = True
+        self.term = LeaderTerm(1, 0.0, anyio.Event())  # no resourceVersion: nothing to compare
 
     async def run_while_leading(self, fn: Any) -> None:
-        await fn(LeaderTerm(1, 0.0, anyio.Event()))
+        await fn(self.term)
 
 
 PLUGINS = {"job": job_plugin, "jobset": jobset_plugin}

@@ -75,6 +75,7 @@ class Standby:
 
     def __init__(self) -> None:
         self.is_leader = True
+        self.term = None  # no term's start to compare releases with
 
     async def run_while_leading(self, fn: Any) -> None:
         await anyio.sleep_forever()
@@ -362,7 +363,7 @@ async def test_a_release_landing_on_a_terminating_pod_re_decides_and_keeps_it_ex
     async with standby(fake) as (ctl, _):
         await cached(ctl, key, fake, 1)
 
-        async def landed_on_a_terminating_pod(releases: Any, rt: Any) -> dict[str, str]:
+        async def landed_on_a_terminating_pod(releases: Any, rt: Any, **_: Any) -> dict[str, str]:
             return {r.pod.uid: DELETING for r in releases}
 
         ctl.reconciler.patcher.release_all = landed_on_a_terminating_pod  # type: ignore[method-assign]
