@@ -193,7 +193,7 @@ class Reconciler:
             slices,
             facts,
             rt.gate,
-            s.expectations.pending(key) | self._behind_our_writes(pods) | frozenset(s.uncertain),
+            s.expectations.pending(key) | self._released_unseen(pods) | frozenset(s.uncertain),
             apply_pod_set_updates=s.config.apply_pod_set_updates,
             desired=desired,
             blocked=blocked,
@@ -223,15 +223,20 @@ class Reconciler:
             u.key == key and uid not in held for uid, u in s.uncertain.items()
         )
 
-    def _behind_our_writes(self, pods: list[PodView]) -> frozenset[str]:
-        """Pods whose view predates our own release of them: in flight, whatever the view says.
+    def _released_unseen(self, pods: list[PodView]) -> frozenset[str]:
+        """Pods whose view predates a release this replica knows of: in flight, whatever the
+        view says.
 
-        Expectations cover the usual wait for the deciding watch; this covers the rest (an
-        expectation expired and settled while this view still lags), with no clock involved.
+        Expectations cover the usual wait for the deciding watch; this covers the rest: our
+        release whose expectation expired and was settled while this view still lags, and
+        another writer's release that another of our views (another kind's pod watch, the
+        read after a refused patch) has shown first. No clock is involved.
         """
         ledger = self.s.ledger
         return frozenset(
-            p.uid for p in pods if ledger.behind(p.uid, resource_version_number(p.resource_version))
+            p.uid
+            for p in pods
+            if ledger.released_unseen(p.uid, resource_version_number(p.resource_version))
         )
 
     # -- releasing -------------------------------------------------------------------------------

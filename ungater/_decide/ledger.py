@@ -84,6 +84,12 @@ class Ledger:
         written = self.written.get(uid)
         return written is not None and (resource_version or -1) < written
 
+    def released_unseen(self, uid: str, resource_version: int | None) -> bool:
+        """Whether a view of the pod at ``resource_version`` has not shown a release this
+        replica knows of: ours (``written``), or another writer's that any of its views has
+        shown (``foreign_seen``; a gate never comes back, so the pod stays released)."""
+        return uid in self.foreign_seen or self.behind(uid, resource_version)
+
     def locate(self, uid: str) -> tuple[str, str] | None:
         return self.where.get(uid)
 

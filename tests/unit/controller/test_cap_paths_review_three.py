@@ -18,6 +18,8 @@ from typing import Any
 
 import anyio
 import pytest
+import ungater_plugins.job as job_plugin
+import ungater_plugins.jobset as jobset_plugin
 
 from tests.fakekube import FakeKube
 from tests.lagging import Lagging
@@ -32,9 +34,17 @@ from tests.unit.capcheck import (
     peak_live_released,
 )
 from tests.unit.harness import running
-from tests.unit.podfactory import GATE, NAMESPACE, job, job_pod, workload
+from tests.unit.podfactory import (
+    GATE,
+    NAMESPACE,
+    job,
+    job_pod,
+    jobset,
+    jobset_child_job,
+    workload,
+)
 from ungater._decide.indexes import OwnerKey
-from ungater._kube.client import PODS
+from ungater._kube.client import PODS, Resource
 
 
 @pytest.fixture
@@ -278,3 +288,39 @@ async def test_the_old_leaders_release_seen_as_the_term_begins_is_not_foreign() 
         elector.enter.set()
         await holds_for(lambda: live_released(fake) == 1, 0.3, what="nothing more released")
         assert standby.stats.foreign_releases == 0
+
+
+# -- 5. another writer's release one view has shown counts in every view ------------------------
+
+JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
+
+
+@pytest.mark.anyio
+async def test_a_release_by_another_writer_that_one_view_showed_counts_in_a_view_that_lags() -> (
+    None
+):
+    """A JobSet's pods are in two pod watches of ours (the Job kind's and the JobSet kind's).
+    Another writer releases pod 5; the Job kind's watch shows it, the JobSet kind's lags. The
+    slice admits 1: the JobSet decision, on its lagging view, must count pod 5 (the replica
+    knows it runs) and not release pod 0 beside it. Found by the world test (seed 84) once its
+    oracle excused only what the deciding replica could not know."""
+    fake = FakeKube()
+    client = Lagging(fake)
+    js = fake.put(JOBSETS, jobset("llm", {"workers": 1}))
+    js["spec"]["replicatedJobs"][0]["template"]["spec"] = {"parallelism": 6, "completions": 6}
+    js = fake.put(JOBSETS, js)
+    child = fake.put(JOBS, jobset_child_job(js, "workers", 0, parallelism=6))
+    pods = {i: fake.put(PODS, job_pod(child, index=i, created=1 + i)) for i in (0, 5)}
+    kinds = [{"group": "batch", "kind": "Job"}, {"group": "jobset.x-k8s.io", "kind": "JobSet"}]
+    plugins = {"job": job_plugin, "jobset": jobset_plugin}
+    async with running(client, config(kinds=kinds), plugins=plugins) as ctl:
+        held = client.hold("pods", jobset_plugin.JOBSET_UID_LABEL)
+        fake.foreign_release(NAMESPACE, pods[5]["metadata"]["name"], GATE)
+        await eventually(lambda: ctl.stats.foreign_releases == 1, what="seen via the Job kind")
+        key = OwnerKey(NAMESPACE, js["metadata"]["uid"])
+        fake.put(WORKLOADS, workload(js, {"workers": 6}, admitted={"workers": 1}))
+        await eventually(lambda: key in ctl.decisions, what="the JobSet decided on")
+        await holds_for(lambda: live_released(fake) == 1, 0.5, what="cap 1, pod 5 counted")
+        held.set()
+        await holds_for(lambda: live_released(fake) == 1, 0.3, what="cap 1 once caught up")
+    assert peak_live_released(fake) == 1
