@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo demo-notice install control-plane helm manifests lint unit integration world bench clean
+.PHONY: test demo demo-notice install control-plane helm manifests lint unit integration world explore bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,13 @@ unit: $(STAMP)
 SEEDS ?= 200
 world: $(STAMP)
 	WORLD_SEEDS=$(SEEDS) PYTHONHASHSEED=0 $(BIN)/python -m pytest tests/unit/controller/test_controller_properties.py -q
+
+# The small-scope explorer (tests/explore/, docs/testing.md): every interleaving of each
+# scenario's choice points up to DEPTH actions, deeper than `make test` goes (its depths are in
+# tests/explore/test_explore.py). It prints the states explored, or the shortest breaking path.
+DEPTH ?= 11
+explore: $(STAMP)
+	$(BIN)/python -m tests.explore --depth $(DEPTH)
 
 integration: control-plane helm
 	$(BIN)/python -m pytest tests/integration -q

@@ -32,13 +32,17 @@ from ungater._model.views import (
 from ungater._observe.events import NORMAL, RELEASED, InvolvedObject, released_message
 from ungater._observe.metrics import seconds_since
 
-__all__ = ["Changed", "Reconciler"]
+__all__ = ["Changed", "PatchesFailed", "Reconciler"]
 
 log = logging.getLogger("ungater.controller")  # the controller's voice, as before the split
 
 
 class Changed(Exception):
     """Pods changed under our patches (gone, or our guarded patch refused): retry later."""
+
+
+class PatchesFailed(RuntimeError):
+    """Patches whose outcome is unknown (a timeout, a 5xx): retry with backoff."""
 
 
 class Reconciler:
@@ -303,7 +307,7 @@ class Reconciler:
         if refused:
             self.notices.blocked(key, rt, refused)
         if failed:
-            raise RuntimeError(f"{failed} patch(es) failed for {key}")
+            raise PatchesFailed(f"{failed} patch(es) failed for {key}")
         if retry:
             # the cache was behind the server: re-decide, but back off per key, so that a
             # lagging watch cannot turn into a hot loop of refused patches

@@ -26,9 +26,9 @@ shrink. A release of ours is excused only when its request reached the server be
 went down (no releaser can see the future), or when releases by the other releaser that the
 deciding replica's pod view had not shown when it decided account for the excess: the view
 (its kind's pod index, or the quorum list it decided on) was older than that write, as read at
-the decision itself (``Reconciler.on_decision``). A release the view showed must have been
-counted, however recent. At the end, with the world quiet, every owner must be released
-exactly to its bound.
+the decision itself (``Reconciler.on_decision``). A release the view showed, or any other view
+of that replica had shown (its ``foreign_seen``), must have been counted, however recent. At
+the end, with the world quiet, every owner must be released exactly to its bound.
 
 Everything runs on a virtual clock (``VirtualTimeLoop``): the world's pauses, the watch delays,
 the controller's expectations, backoffs and leases. A seed replays the same world, and a loaded
@@ -73,6 +73,7 @@ from ungater._plugins.registry import PluginRegistry
 
 JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
 COMPLETIONS = 20
+KNOWN = 1 << 62  # a pod the deciding replica knew released, whatever its deciding view showed
 MAX_SIZE = 7
 # CI runs the first 40 (~20 s); `make world SEEDS=200` runs more (WORLD_SEEDS)
 SEEDS = range(int(os.environ.get("WORLD_SEEDS", "40")))
@@ -617,6 +618,8 @@ class Replica:
             pods = {u: int(p.resource_version) for u, p in rt.pods.by_uid.items()} if rt else {}
             for uid, rv in listed.get(key, {}).items():
                 pods[uid] = max(rv, pods.get(uid, -1))
+            for uid in self.ctl.state.foreign_seen:  # another view of the replica showed it
+                pods[uid] = KNOWN
             for r in decision.releases:
                 self.finished_seen[(r.pod.uid, r.pod.resource_version)] = finished
                 self.pods_seen[(r.pod.uid, r.pod.resource_version)] = pods
