@@ -6,7 +6,7 @@ from typing import Any
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    from tests.explore.test_explore import REPORTS
+    from tests.explore.search import REPORTS
 
     if REPORTS:
         terminalreporter.section("small-scope explorer")

@@ -37,6 +37,10 @@ class Report:
         )
 
 
+#: Every report of this process's explorations, for the test run's summary (conftest.py).
+REPORTS: list[Report] = []
+
+
 async def _replay(scenario: Scenario, bounds: Bounds, path: list[Action]) -> World:
     world = await World.start(scenario, bounds)
     if scenario.proven_at_start:
@@ -82,4 +86,5 @@ async def explore(
             report.exhausted = False
             break
     report.seconds = time.monotonic() - started
+    REPORTS.append(report)
     return report

@@ -10,7 +10,7 @@ import pytest
 
 from tests.explore.reverts import REVERTS
 from tests.explore.scenarios import ALL
-from tests.explore.search import Report, explore
+from tests.explore.search import explore
 
 #: scenario -> the depth CI explores it to: at least the length of the shortest path that
 #: breaks it with a fix undone, so the fixed code is shown to hold where the old one broke
@@ -21,8 +21,6 @@ CI_DEPTHS = {
     "handover": 5,
     "grow": 5,
 }
-
-REPORTS: list[Report] = []
 
 
 @pytest.fixture
@@ -45,7 +43,6 @@ def quiet_controller() -> object:
 @pytest.mark.parametrize("name", sorted(CI_DEPTHS))
 async def test_every_interleaving_within_the_bound_holds_the_cap(name: str) -> None:
     report = await explore(ALL[name], CI_DEPTHS[name])
-    REPORTS.append(report)
     assert not report.violation, f"{report.line()}\n  " + "\n  ".join(report.trace)
     assert report.exhausted and report.deepest == CI_DEPTHS[name], report.line()
     assert report.states > 20, report.line()  # it explored, not stopped at the start
@@ -57,6 +54,5 @@ async def test_the_explorer_finds_each_path_with_its_fix_undone(fix: str) -> Non
     undo, scenario = REVERTS[fix]
     with undo():
         report = await explore(ALL[scenario], CI_DEPTHS[scenario])
-    REPORTS.append(report)
     assert report.violation, f"{fix} undone, yet: {report.line()}"
     assert len(report.trace) <= CI_DEPTHS[scenario]
