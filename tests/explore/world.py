@@ -221,7 +221,7 @@ class World:
         ctl.client = client
         ctl.state.client = client
         ctl.state.leading = lambda: elector.is_leader
-        ctl.state.term_start = lambda: _term_start(elector, ctl.state)
+        ctl.state.freshness.term_start = lambda: _term_start(elector, ctl.state)
         ctl.notices.on_foreign_release = lambda pod: replica.reports.append(pod.name)
         await ctl.start()
         for r in ctl.reflectors:
@@ -406,9 +406,7 @@ class World:
     def _work(self, rep: Replica) -> None:
         """What ``Controller._lead`` does as the workers start."""
         rep.working = True
-        s = rep.ctl.state
-        s.term_rv = _rv(rep.elector.term.resource_version)
-        s.proven = set()
+        rep.ctl.state.freshness.begin_term(_rv(rep.elector.term.resource_version))
 
     # -- the oracles -------------------------------------------------------------------------------
 

@@ -74,7 +74,7 @@ class Controller:
         self.queue, self.expectations, self.blocked = s.queue, s.expectations, s.blocked
         self.decisions, self.auditor, self.guard = s.decisions, s.auditor, s.guard
         self.reflectors: list[Reflector[Any]] = []
-        s.cache_versions = lambda: [r.resource_version for r in self.reflectors]
+        s.freshness.cache_versions = lambda: [r.resource_version for r in self.reflectors]
         self.ready = anyio.Event()
         self._busy = 0
         self._idle: anyio.Event | None = None
@@ -201,7 +201,7 @@ class Controller:
         self.state.stop = stop
         if elector is not None:
             self._leading = lambda: elector.is_leader
-            self.state.term_start = lambda: _term_start(elector)
+            self.state.freshness.term_start = lambda: _term_start(elector)
         async with anyio.create_task_group() as tg:
             for r in self.reflectors:
                 tg.start_soon(r.run)
@@ -230,8 +230,7 @@ class Controller:
         log.info("leading (term %d): acting", term.number)
         # the caches may lag what the previous leader did: each owner's first release of the
         # term is decided on quorum reads, until one shows the cache current (reconciler.py)
-        self.state.term_rv = resource_version_number(term.resource_version) or 0
-        self.state.proven = set()
+        self.state.freshness.begin_term(resource_version_number(term.resource_version) or 0)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._catch_up, self.state.term_rv)

@@ -36,28 +36,21 @@ class FreshReads:
         self.s = state
 
     def owner_may_be_stale(self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef) -> bool:
-        freed = self.s.shrink_rv.get(key)
-        if freed is None:
+        fresh = self.s.freshness
+        if key not in fresh.shrink_rv:
             return False
         if rt.handler.spec.select_via is not None:  # its size is that of the objects between
             vias = via_objects(rt.handler, owner, self.s.objects_controlled_by(owner.uid))
-            return any((resource_version_number(v.resource_version) or -1) < freed for v in vias)
+            return any(
+                fresh.predates_shrink(key, resource_version_number(v.resource_version) or -1)
+                for v in vias
+            )
         if rt.handler.spec.owner_resource is None:
             return False
-        return self.s.owner_rv.get(owner.uid, -1) < freed
+        return fresh.predates_shrink(key, fresh.owner_rv.get(owner.uid, -1))
 
     def unproven(self, key: OwnerKey) -> bool:
-        """Whether this term has yet to show that the caches hold what the last leader did,
-        for this owner: by a quorum read that matched them, or by every cache having seen
-        past the Lease write that began the term (then no owner needs a read any more)."""
-        s = self.s
-        if s.proven is None or key in s.proven:
-            return False
-        seen = [resource_version_number(v) for v in s.cache_versions()]
-        if s.term_rv and seen and all(v is not None and v >= s.term_rv for v in seen):
-            s.proven = None
-            return False
-        return True
+        return self.s.freshness.unproven(key)
 
     @staticmethod
     def owner_readable(rt: KindRuntime) -> bool:
@@ -65,12 +58,12 @@ class FreshReads:
         return spec.owner_resource is not None or spec.select_via is not None
 
     def slice_may_be_stale(self, key: OwnerKey, slices: list[WorkloadView]) -> bool:
-        freed = self.s.shrink_rv.get(key)
         active = active_slice(slices)
-        if freed is None or active is None:
+        if active is None:
             return False
-        rv = resource_version_number(active.resource_version)
-        return rv is None or rv < freed
+        return self.s.freshness.predates_shrink(
+            key, resource_version_number(active.resource_version)
+        )
 
     async def refresh(
         self,
@@ -183,12 +176,10 @@ class FreshReads:
         s.stats.proof_reads += 1
         # the cache holds what the server holds: it may decide alone (unless another worker
         # found, during our reads, that every cache is past the term's start: then all are)
-        if (
-            s.proven is not None
-            and fresh.keys() == cached.keys()
-            and all(_not_older(cached[uid], view) for uid, view in fresh.items())
+        if fresh.keys() == cached.keys() and all(
+            _not_older(cached[uid], view) for uid, view in fresh.items()
         ):
-            s.proven.add(key)
+            s.freshness.prove(key)
         return list(fresh.values())
 
 

@@ -117,8 +117,7 @@ class EventHandlers:
             if old is not None and old.facts != new.facts and rv is not None:
                 # it may have shrunk: Kueue then lowers its slice in place, so a cached slice
                 # older than this change may count too high (the slice fence, reconciler.py)
-                key = OwnerKey(new.namespace, new.uid)
-                s.shrink_rv[key] = max(rv, s.shrink_rv.get(key, 0))
+                s.freshness.may_have_shrunk(OwnerKey(new.namespace, new.uid), rv)
             s.keep_owner(new)
         elif old is not None:
             s.forget_owner(old)
@@ -166,7 +165,7 @@ class EventHandlers:
             if (
                 rt.mode == "release"
                 and s.leading()  # a standby sees the leader's releases: not foreign
-                and _after(pod, s.term_start())  # nor is a release older than this term
+                and _after(pod, s.freshness.term_start())  # nor one older than this term
                 and old is not None
                 and new is not None
                 and old.has_gate(gate)
@@ -189,8 +188,8 @@ class EventHandlers:
             for key in keys:
                 if freed:
                     s.releasable.room_made(key)
-                if (freed or left) and rv is not None:
-                    s.shrink_rv[key] = max(rv, s.shrink_rv.get(key, 0))
+                if freed or left:
+                    s.freshness.may_have_shrunk(key, rv)
                 s.queue.add(key)
 
         return on_pod

@@ -20,6 +20,7 @@ from ungater._decide.assess import owner_of
 from ungater._decide.decision import Decision, active_slice, gated_by_reason, order_slices
 from ungater._decide.expectations import Expectations
 from ungater._decide.findings import FINDINGS
+from ungater._decide.freshness import Freshness, version_number
 from ungater._decide.indexes import OwnerKey, PodIndex, WorkloadIndex, ancestors
 from ungater._decide.ledger import GONE_REMEMBERED, Ledger, Uncertain
 from ungater._decide.refusals import BlockedReleases
@@ -103,10 +104,7 @@ class Stats:
         return ", ".join(c for c in counts if not c.endswith("=0")) or "nothing done"
 
 
-def resource_version_number(resource_version: str) -> int | None:
-    """An etcd-backed API server's resourceVersions are increasing integers across all
-    resources; anything else cannot be ordered."""
-    return int(resource_version) if resource_version.isdigit() else None
+resource_version_number = version_number
 
 
 class State:
@@ -135,27 +133,13 @@ class State:
         self.controlled: dict[str, set[str]] = {}  # controller UID -> cached objects it controls
         self.owner_facts: dict[str, dict[str, Any]] = {}
         self.owner_errors: dict[str, str] = {}  # owner UID -> why its plugin cannot read it
-        self.owner_rv: dict[str, int] = {}
-        # per owner: the newest resourceVersion at which it may have shrunk (one of its pods
-        # ended or went away, released or gated, or its own object changed), to tell whether
-        # the cached owner object or slice may predate it (the fence, freshreads.py)
-        self.shrink_rv: dict[OwnerKey, int] = {}
         self.queue: WorkQueue[OwnerKey] = WorkQueue()
         # what we know of writes to our pods' gates, ours and others' (ungater._decide.ledger)
         self.ledger = Ledger(config.expectations_timeout_seconds, clock)
         self.decisions: dict[OwnerKey, Decision] = {}  # each owner's last decision
-        # leadership: the resourceVersion at which this term began (a release older than it
-        # is the previous leader's, not a foreign one), and the owners whose cached pods a
-        # quorum read has confirmed since (the others are decided on such a read)
-        self.term_rv = 0
-        # the start of the term this replica leads in, known from the moment it leads (the
-        # elector's term), not from when its workers start: a release seen in between is the
-        # previous leader's (set by the manager under election)
-        self.term_start: Callable[[], int] = lambda: self.term_rv
-        self.proven: set[OwnerKey] | None = None  # None: no proof needed (no term changed)
-        # the resourceVersion each cache has seen up to (set by the manager): once every one
-        # is past term_rv, the caches show all the previous leader did, and prove every owner
-        self.cache_versions: Callable[[], Iterable[str]] = lambda: ()
+        # when a cached view is fresh enough to decide on (ungater._decide.freshness): the
+        # shrink marks, the owners' versions, the term's start and the owners proven in it
+        self.freshness = Freshness()
         rb = config.release_blocked
         self.blocked = BlockedReleases(  # releases refused for good, per pod
             rb.initial_backoff_seconds, rb.max_backoff_seconds, clock=clock
@@ -170,6 +154,26 @@ class State:
         self.stop: anyio.Event | None = None  # the manager's stop, once it runs
 
     # -- the ledger's parts, by the names the controller's parts use ---------------------------
+
+    @property
+    def shrink_rv(self) -> dict[OwnerKey, int]:
+        return self.freshness.shrink_rv
+
+    @property
+    def owner_rv(self) -> dict[str, int]:
+        return self.freshness.owner_rv
+
+    @property
+    def term_rv(self) -> int:
+        return self.freshness.term_rv
+
+    @property
+    def proven(self) -> set[OwnerKey] | None:
+        return self.freshness.proven
+
+    @proven.setter
+    def proven(self, value: set[OwnerKey] | None) -> None:
+        self.freshness.proven = value
 
     @property
     def expectations(self) -> Expectations:
