@@ -1,0 +1,118 @@
+"""The write ledger and the freshness marks, as functions: the comparisons the cap rests on
+(a view at our write's version has seen it; a view at the shrink's version is the shrink; a
+cache at the term's start has seen the term) and the bookkeeping that must not leak."""
+
+from __future__ import annotations
+
+from ungater._decide.freshness import Freshness, version_number
+from ungater._decide.indexes import OwnerKey
+from ungater._decide.ledger import GONE_REMEMBERED, Ledger
+
+KEY = OwnerKey("team-a", "uid-train")
+
+
+def ledger() -> Ledger:
+    return Ledger(5.0, lambda: 100.0)
+
+
+def test_a_view_older_than_our_write_has_not_seen_it_and_one_at_or_after_it_has() -> None:
+    led = ledger()
+    led.wrote("pod", 10)
+    assert led.behind("pod", 9)
+    assert not led.behind("pod", 10)  # the view is our write itself
+    assert not led.behind("pod", 15)
+    assert led.behind("pod", None)  # a version that cannot be ordered: assume not seen
+    assert not led.behind("other", 1)  # nothing written: nothing to wait for
+
+
+def test_the_newest_write_is_kept_whatever_order_they_are_recorded_in() -> None:
+    led = ledger()
+    led.wrote("pod", 10)
+    led.wrote("pod", 5)  # a late record of an older write (the fence's read, say)
+    assert led.written["pod"] == 10
+
+
+def test_a_release_known_from_another_view_counts_whatever_this_view_shows() -> None:
+    led = ledger()
+    led.wrote("ours", 10)
+    assert not led.released_unseen("ours", 12)
+    assert led.released_unseen("ours", 8)
+    led.foreign_seen.add("theirs")
+    assert led.released_unseen("theirs", 99)
+    assert not led.released_unseen("nobody", 1)
+
+
+def test_sending_expects_records_where_and_marks_uncertain() -> None:
+    led = ledger()
+    led.sending(KEY, [("pod", "team-a", "train-0", "7")], "view")
+    assert led.expectations.pending(KEY) == {"pod"}
+    assert led.uncertain["pod"].resource_version == "7" and led.uncertain["pod"].key == KEY
+    assert led.locate("pod") == ("team-a", "train-0") and "pod" in led.ours
+    led.not_mine("pod")
+    assert "pod" not in led.ours
+
+
+def test_forgetting_a_pod_drops_everything_kept_about_it_and_remembers_it_went() -> None:
+    led = ledger()
+    led.sending(KEY, [("pod", "team-a", "train-0", "7")], "view")
+    led.wrote("pod", 8)
+    led.foreign_seen.add("pod")
+    led.forget_pod("pod")
+    assert led.locate("pod") is None
+    assert "pod" not in led.uncertain and "pod" not in led.written
+    assert "pod" not in led.ours and "pod" not in led.foreign_seen
+    assert "pod" in led.gone
+
+
+def test_gone_remembers_the_newest_pods_within_its_bound() -> None:
+    led = ledger()
+    for i in range(GONE_REMEMBERED + 2):
+        led.went(f"pod-{i}")
+    led.went("pod-2")  # seen gone again: the newest now
+    assert len(led.gone) == GONE_REMEMBERED
+    assert "pod-0" not in led.gone and "pod-1" not in led.gone
+    assert next(reversed(led.gone)) == "pod-2"
+
+
+def test_a_view_at_the_shrinks_own_version_is_the_shrink_not_older() -> None:
+    fresh = Freshness()
+    assert not fresh.predates_shrink(KEY, 3)  # no mark: nothing to predate
+    fresh.may_have_shrunk(KEY, 7)
+    fresh.may_have_shrunk(KEY, 5)  # an older mark never lowers the newest
+    fresh.may_have_shrunk(KEY, None)  # an unordered version sets nothing
+    assert fresh.shrink_rv[KEY] == 7
+    assert fresh.predates_shrink(KEY, 6)
+    assert not fresh.predates_shrink(KEY, 7)
+    assert fresh.predates_shrink(KEY, None)
+
+
+def test_a_term_is_proven_once_every_cache_is_at_or_past_its_start() -> None:
+    fresh = Freshness()
+    assert not fresh.unproven(KEY)  # no term began: nothing to prove
+    versions = ["9", "12"]
+    fresh.cache_versions = lambda: versions
+    fresh.begin_term(10)
+    assert fresh.unproven(KEY)
+    versions[0] = "10"  # exactly at the Lease write: it has seen it
+    assert not fresh.unproven(KEY) and fresh.proven is None
+
+
+def test_an_owner_proven_by_a_read_needs_no_more_reads_in_its_term() -> None:
+    fresh = Freshness()
+    fresh.cache_versions = lambda: ["1"]
+    fresh.begin_term(10)
+    fresh.prove(KEY)
+    assert fresh.proven == {KEY}
+    assert not fresh.unproven(KEY)
+    assert fresh.unproven(OwnerKey("team-a", "other"))
+    fresh.proven = None
+    fresh.prove(KEY)  # every owner proven already: nothing to add to
+    assert fresh.proven is None
+
+
+def test_an_unordered_cache_version_proves_nothing() -> None:
+    fresh = Freshness()
+    fresh.cache_versions = lambda: ["abc", "20"]
+    fresh.begin_term(10)
+    assert fresh.unproven(KEY)
+    assert version_number("abc") is None and version_number("20") == 20
