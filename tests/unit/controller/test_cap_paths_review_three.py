@@ -324,3 +324,37 @@ async def test_a_release_by_another_writer_that_one_view_showed_counts_in_a_view
         held.set()
         await holds_for(lambda: live_released(fake) == 1, 0.3, what="cap 1 once caught up")
     assert peak_live_released(fake) == 1
+
+
+@pytest.mark.anyio
+async def test_an_expired_expectation_for_a_never_held_pod_that_is_gone_is_forgotten() -> None:
+    """As in path 1, pod 0 is released on a new term's quorum reads and the pod cache never
+    holds it; then it is deleted. When its expectation expires the read finds it gone: the
+    ledger forgets it (nothing kept for a pod no view will ever show) and the owner is decided
+    on again, releasing pod 1 into the freed slot."""
+    fake = FakeKube()
+    client = Lagging(fake)
+    j = fake.put(JOBS, job("train", parallelism=2, completions=2))
+    elector = HandOver(fake)
+    async with running(client, config(), elector=elector) as ctl:
+        rt = ctl.kinds[next(iter(ctl.kinds))]
+        fake.put(CONFIG_MAPS, {"metadata": {"name": "lease", "namespace": NAMESPACE}})
+        elector.go.set()
+        await eventually(lambda: ctl.state.term_rv > 0, what="the term")
+        fake.put(PODS, job_pod(j, index=1, created=2))
+        await eventually(lambda: len(rt.pods) == 1, what="pod 1 in the cache")
+        client.hold("pods")  # from here the pod watch is silent
+        zero = fake.put(PODS, job_pod(j, index=0, created=1))
+        fake.put(WORKLOADS, workload(j, {"main": 2}, admitted={"main": 1}))
+        await eventually(lambda: live_released(fake) == 1, what="pod 0 released")
+        uid0 = zero["metadata"]["uid"]
+        assert ctl.state.ledger.locate(uid0) is not None
+        fake.delete(PODS, NAMESPACE, zero["metadata"]["name"])
+        fake.finalize(PODS, NAMESPACE, zero["metadata"]["name"])
+        await anyio.sleep(0.3)  # the expectation (0.2 s) expires
+        fake.put(JOBS, {**j, "status": {"active": 0}})  # wakes the owner
+        await eventually(
+            lambda: live_released(fake) == 1 and uid0 not in ctl.state.ours,
+            what="pod 1 released, pod 0 forgotten",
+        )
+        assert ctl.state.ledger.locate(uid0) is None and uid0 in ctl.state.gone

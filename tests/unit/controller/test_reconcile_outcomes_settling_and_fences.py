@@ -13,6 +13,7 @@ taken through its RayCluster (docs/testing.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -555,6 +556,52 @@ async def test_a_reconcile_settles_an_unknown_outcome_and_counts_a_released_pod_
         assert not ctl.state.uncertain and uid(pods[0]) in ctl.state.ours
         assert ctl.state.written[uid(pods[0])] == int(rv_of(fake, pods[0]))
         assert ctl.expectations.expired_total == 0 and ctl.stats.fences == 0
+
+
+@pytest.mark.parametrize(
+    "failing",
+    ["the read, with an API error", "the read, with a dropped connection", "the fence patch"],
+)
+async def test_an_unknown_outcome_stays_in_flight_while_it_cannot_be_settled(
+    failing: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Our patch of pod 0 failed (unknown outcome): it may still land. The next reconcile
+    tries to settle it, and the read of the pod (or the fence that would make it unable to
+    land) fails too: the release stays uncertain, counts as in flight, and pod 1 is not
+    released beside it (cap 1); once the settle goes through, the owner moves on."""
+    fake = FakeKube()
+    _, key, pods = setup(fake, pods=2, admitted=1)
+    async with standby(fake) as (ctl, _):
+        await cached(ctl, key, fake, 2)
+        script(fake, {name(pods[0]): ApiError(500, "Internal Server Error")})
+        with pytest.raises(RuntimeError):
+            await ctl.reconciler.reconcile(key)
+        get = fake.get
+        if failing == "the fence patch":
+            attempted = script(fake, {name(pods[0]): OSError("connection reset (fake)")})
+        else:
+            attempted = script(fake, {})
+            error: Exception = (
+                ApiError(500, "Internal Server Error")
+                if "API" in failing
+                else OSError("connection reset (fake)")
+            )
+
+            async def failing_get(*a: Any, **kw: Any) -> Any:
+                raise error
+
+            monkeypatch.setattr(fake, "get", failing_get)
+        decision = await ctl.reconciler.reconcile(key)
+        assert set(ctl.state.uncertain) == {uid(pods[0])}
+        assert decision is not None and decision.pod_sets[0].in_flight == 1
+        assert not decision.releases and name(pods[1]) not in attempted
+        assert gated(fake, pods[1])
+        assert ctl.stats.fences == 0
+        monkeypatch.setattr(fake, "get", get)
+        fake.before_patch = None
+        with contextlib.suppress(Changed):  # the cache has not shown the fence yet
+            await ctl.reconciler.reconcile(key)  # settled now: fenced
+        assert not ctl.state.uncertain and ctl.stats.fences == 1
 
 
 async def test_an_unknown_outcome_on_an_unchanged_pod_is_fenced_then_released_once() -> None:
