@@ -31,7 +31,17 @@ from ungater._decide.refusals import (
 from ungater._kube.client import PODS, ApiError
 from ungater._model.views import MalformedObject, PodView, parse_pod
 
-__all__ = ["BLOCKED", "CONFLICT", "DELETING", "ERROR", "GONE", "RELEASED", "SKIPPED", "Patcher"]
+__all__ = [
+    "BLOCKED",
+    "CONFLICT",
+    "DELETING",
+    "ERROR",
+    "GONE",
+    "RELEASED",
+    "SKIPPED",
+    "STALE",
+    "Patcher",
+]
 
 log = logging.getLogger("ungater.controller")  # the controller's voice, as before the split
 
@@ -39,6 +49,7 @@ log = logging.getLogger("ungater.controller")  # the controller's voice, as befo
 RELEASED = "released"
 DELETING = "deleting"  # it landed on a pod already being deleted
 SKIPPED = "skipped"
+STALE = "stale"  # not sent: the caches moved since the decision (decide again)
 
 
 class Patcher:
@@ -57,14 +68,17 @@ class Patcher:
     ) -> dict[str, str]:
         """Patch every pod of ``releases`` (bounded concurrency); the outcome per pod UID.
         Each patch not yet sent is skipped once ``rt`` (the owner's kind) stops releasing; a
-        refused one is resent only while ``unchanged()`` says the decision's other inputs are
-        as they were (the owner, its slices, no shrink since)."""
+        patch is sent (and a refused one resent) only while ``unchanged()`` says the decision's
+        other inputs are as they were (the owner, its slices, no shrink since)."""
         outcomes: dict[str, str] = {}
 
         async def one(r: Release) -> None:
             async with self._slots:
                 if rt is not None and rt.mode != "release":
                     outcomes[r.pod.uid] = SKIPPED  # switched to audit since the decision
+                    return
+                if not unchanged():  # waited for a slot while the caches moved: a send now
+                    outcomes[r.pod.uid] = STALE  # would be an old decision
                     return
                 outcomes[r.pod.uid] = await self.release(r, unchanged)
 

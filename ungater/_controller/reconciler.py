@@ -15,7 +15,16 @@ from collections.abc import Callable, Mapping
 
 from ungater._controller.freshreads import FreshReads
 from ungater._controller.notices import Notices
-from ungater._controller.patcher import BLOCKED, CONFLICT, DELETING, ERROR, GONE, SKIPPED, Patcher
+from ungater._controller.patcher import (
+    BLOCKED,
+    CONFLICT,
+    DELETING,
+    ERROR,
+    GONE,
+    SKIPPED,
+    STALE,
+    Patcher,
+)
 from ungater._controller.patcher import RELEASED as PATCH_RELEASED
 from ungater._controller.settling import Settler
 from ungater._controller.state import KindRuntime, State, resource_version_number
@@ -99,11 +108,14 @@ class Reconciler:
             # shrunk owner's slice in place after its pods went; and a new leader's caches may
             # lag what the last one did. Release nothing until fresh reads say how it is.
             unproven = self.reads.unproven(key)
-            stale_owner = self.reads.owner_may_be_stale(key, rt, owner) or (
-                unproven and self.reads.owner_readable(rt)
-            )
-            stale_slice = unproven or self.reads.slice_may_be_stale(key, slices)
-            if stale_owner or stale_slice:
+            stale_owner = self.reads.owner_may_be_stale(key, rt, owner)
+            stale_slice = self.reads.slice_may_be_stale(key, slices)
+            if unproven or stale_owner or stale_slice:
+                # a view that may predate a shrink is never the only one read anew: a slice
+                # can look newer than the shrink (another write to it) and still not show
+                # Kueue's lowering, and an owner read grown back says nothing of the slice
+                stale_owner = self.reads.owner_readable(rt)
+                stale_slice = True
                 fresh = await self.reads.refresh(key, rt, owner, slices, stale_owner, stale_slice)
                 if not fresh:
                     return None
@@ -292,7 +304,7 @@ class Reconciler:
                 s.expectations.observe(r.pod.uid)  # refused: nothing of ours in flight
                 s.ledger.not_mine(r.pod.uid)
                 refused.append(r)
-            elif outcome in (GONE, CONFLICT, SKIPPED):
+            elif outcome in (GONE, CONFLICT, SKIPPED, STALE):
                 s.expectations.observe(r.pod.uid)  # nothing of ours is in flight there
                 s.ledger.not_mine(r.pod.uid)
                 if outcome == CONFLICT:

@@ -358,3 +358,103 @@ async def test_an_expired_expectation_for_a_never_held_pod_that_is_gone_is_forgo
             what="pod 1 released, pod 0 forgotten",
         )
         assert ctl.state.ledger.locate(uid0) is None and uid0 in ctl.state.gone
+
+
+# -- 6 and 7, found while writing docs/safety.md ------------------------------------------------
+
+
+class ShrinkDuringTheFirstPatch:
+    """A client whose first pod patch is answered only once the Job has shrunk to 1 and the
+    controller's owner cache shows it; the other patches wait for a slot meanwhile."""
+
+    def __init__(self, inner: FakeKube, j: dict[str, Any]) -> None:
+        self.inner = inner
+        self.j = j
+        self.ctl: Any = None
+        self.first = True
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    async def json_patch(self, resource: Any, namespace: Any, name: str, ops: Any) -> Any:
+        if resource.plural == "pods" and self.first:
+            self.first = False
+            shrunk = self.inner.put(JOBS, {**self.j, "spec": {**self.j["spec"], "parallelism": 1}})
+            rv = int(shrunk["metadata"]["resourceVersion"])
+            uid = self.j["metadata"]["uid"]
+            await eventually(
+                lambda: self.ctl.state.owner_rv.get(uid, -1) >= rv, what="the shrink cached"
+            )
+        return await self.inner.json_patch(resource, namespace, name, ops)
+
+
+@pytest.mark.anyio
+async def test_a_release_waiting_for_a_patch_slot_is_not_sent_past_a_shrink_the_cache_shows() -> (
+    None
+):
+    """Three pods admitted, one patch at a time (``patchConcurrency: 1``). While the first
+    patch is out, the Job shrinks to 1 and the cache shows it: the two releases still waiting
+    for a slot must not go out (a send is the decision as it was; path 3 for first sends)."""
+    fake = FakeKube()
+    j = fake.put(JOBS, job("train", parallelism=3, completions=3))
+    for i in range(3):
+        fake.put(PODS, job_pod(j, index=i, created=1 + i))
+    client = ShrinkDuringTheFirstPatch(fake, j)
+    async with running(client, config(client={"patchConcurrency": 1})) as ctl:
+        client.ctl = ctl
+        fake.put(WORKLOADS, workload(j, {"main": 3}, admitted={"main": 3}))
+        await eventually(lambda: not client.first and live_released(fake) >= 1, what="one out")
+        await holds_for(lambda: live_released(fake) == 1, 0.5, what="the Job's size: 1")
+    assert peak_live_released(fake) == 1
+
+
+@pytest.mark.anyio
+async def test_a_slice_touched_after_the_pods_went_is_read_anew_with_the_owner() -> None:
+    """The Job shrinks 4 -> 2 (its owner watch then lags), pods 2 and 3 go: the shrink mark is
+    set. An unrelated write to the slice is seen, so the cached slice is newer than the mark;
+    then Kueue lowers the slice to 2 (not seen) and the Job grows back to 4 with two new pods.
+    The fence reads the owner (grown back): it must read the slice too, or the old count (4)
+    releases 4 pods for a slice of 2."""
+    fake = FakeKube()
+    client = Lagging(fake)
+    j = fake.put(JOBS, job("train", parallelism=4, completions=4))
+    pods = [fake.put(PODS, job_pod(j, index=i, created=1 + i)) for i in range(4)]
+    async with running(client, config()) as ctl:
+        wl = fake.put(WORKLOADS, workload(j, {"main": 4}, admitted={"main": 4}))
+        await eventually(lambda: live_released(fake) == 4, what="4 released")
+        key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
+        held_jobs = client.hold("jobs")
+        fake.put(JOBS, {**j, "spec": {**j["spec"], "parallelism": 2}})
+        for p in pods[2:]:
+            fake.finalize(PODS, NAMESPACE, p["metadata"]["name"])
+            fake.delete(PODS, NAMESPACE, p["metadata"]["name"])
+        await eventually(lambda: key in ctl.state.shrink_rv, what="the shrink mark")
+        start = fake.rv
+        touched = fake.read(WORKLOADS, NAMESPACE, wl["metadata"]["name"]) or {}
+        touched["metadata"].setdefault("labels", {})["touched"] = "yes"
+        touched = fake.put(WORKLOADS, touched)
+        rt = ctl.kinds[next(iter(ctl.kinds))]
+        await eventually(
+            lambda: any(
+                w.resource_version == touched["metadata"]["resourceVersion"]
+                for w in ctl.workloads.for_owner(key.uid)
+            ),
+            what="the touched slice cached",
+        )
+        held_wls = client.hold("workloads")
+        lowered = fake.read(WORKLOADS, NAMESPACE, wl["metadata"]["name"]) or {}
+        lowered["spec"]["podSets"][0]["count"] = 2
+        lowered["status"]["admission"]["podSetAssignments"][0]["count"] = 2
+        fake.put(WORKLOADS, lowered)
+        fake.put(JOBS, {**j, "spec": {**j["spec"], "parallelism": 4}})
+        for i in (2, 3):
+            fake.put(PODS, job_pod(j, index=i, created=10 + i, seed="again"))
+        await eventually(
+            lambda: sum(p.has_gate(GATE) for p in rt.pods.by_uid.values()) == 2,
+            what="the new pods cached",
+        )
+        await holds_for(lambda: live_released(fake) == 2, 0.5, what="the lowered slice's 2")
+        held_jobs.set()
+        held_wls.set()
+        await holds_for(lambda: live_released(fake) == 2, 0.3, what="2 once caught up")
+    assert peak_live_released(fake, since=start) == 2
