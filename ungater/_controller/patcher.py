@@ -79,6 +79,8 @@ class Patcher:
                     return
                 if not unchanged():  # waited for a slot while the caches moved: a send now
                     outcomes[r.pod.uid] = STALE  # would be an old decision
+                    if self.s.metrics is not None:
+                        self.s.metrics.observe_patch(STALE)
                     return
                 outcomes[r.pod.uid] = await self.release(r, unchanged)
 
