@@ -1,0 +1,104 @@
+"""What a release wave costs in requests to the API server: the safety mechanisms read only
+when a view may predate a shrink or a term, so an admission or a scale-up is one patch per pod
+and nothing else, and a freed slot refilled after a shrink costs one round of two reads (the
+owner and its slice, together). These counts are the cost side of docs/safety.md."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.fakekube import FakeKube
+from tests.objects import JOBS, WORKLOADS
+from tests.polling import eventually
+from tests.unit.capcheck import config, live_released
+from tests.unit.harness import running
+from tests.unit.podfactory import NAMESPACE, job, job_pod, workload
+from ungater._kube.client import PODS
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+WATCHED = {"pods", "jobs", "workloads"}  # not the gate guard's periodic policy lists
+
+
+class Counting:
+    """The fake, counting the controller's requests about pods, Jobs and Workloads."""
+
+    def __init__(self, inner: FakeKube) -> None:
+        self.inner = inner
+        self.counts: Counter[str] = Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def get(self, resource: Any, *a: Any, **kw: Any) -> Any:
+        if resource.plural in WATCHED:
+            self.counts[f"get {resource.plural}"] += 1
+        return await self.inner.get(resource, *a, **kw)
+
+    async def list_objects(self, resource: Any, *a: Any, **kw: Any) -> Any:
+        if resource.plural in WATCHED:
+            self.counts[f"list {resource.plural}"] += 1
+        return await self.inner.list_objects(resource, *a, **kw)
+
+    async def json_patch(self, resource: Any, *a: Any, **kw: Any) -> Any:
+        if resource.plural in WATCHED:
+            self.counts[f"patch {resource.plural}"] += 1
+        return await self.inner.json_patch(resource, *a, **kw)
+
+
+@pytest.mark.anyio
+async def test_an_admission_and_a_scale_up_cost_one_patch_per_pod_and_no_read() -> None:
+    fake = FakeKube()
+    client = Counting(fake)
+    j = fake.put(JOBS, job("train", parallelism=4, completions=8))
+    for i in range(4):
+        fake.put(PODS, job_pod(j, index=i, created=1 + i))
+    async with running(client, config()):
+        first = fake.put(WORKLOADS, workload(j, {"main": 4}, admitted={"main": 4}))
+        await eventually(lambda: live_released(fake) == 4, what="the admission's wave")
+        assert client.counts == {"patch pods": 4}
+        client.counts.clear()
+        j = fake.put(JOBS, {**j, "spec": {**j["spec"], "parallelism": 6}})
+        for i in (4, 5):
+            fake.put(PODS, job_pod(j, index=i, created=1 + i))
+        finished = fake.read(WORKLOADS, NAMESPACE, first["metadata"]["name"]) or {}
+        finished["status"]["conditions"].append(
+            {"type": "Finished", "status": "True", "reason": "WorkloadSliceReplaced"}
+        )
+        fake.put(WORKLOADS, finished)
+        replaced = f"{NAMESPACE}/{first['metadata']['name']}"
+        fake.put(
+            WORKLOADS,
+            workload(j, {"main": 6}, admitted={"main": 6}, seed="s2", replacement_for=replaced),
+        )
+        await eventually(lambda: live_released(fake) == 6, what="the scale-up's wave")
+        await anyio.sleep(0.1)
+        assert client.counts == {"patch pods": 2}
+
+
+@pytest.mark.anyio
+async def test_a_slot_freed_by_a_pod_that_went_costs_one_round_of_two_reads() -> None:
+    """A released pod is deleted (as on a shrink, or a failure replaced): the owner may have
+    shrunk, so the replacement's release is decided on the owner and its slice read together."""
+    fake = FakeKube()
+    client = Counting(fake)
+    j = fake.put(JOBS, job("train", parallelism=2, completions=8))
+    pods = [fake.put(PODS, job_pod(j, index=i, created=1 + i)) for i in range(2)]
+    async with running(client, config()):
+        fake.put(WORKLOADS, workload(j, {"main": 2}, admitted={"main": 2}))
+        await eventually(lambda: live_released(fake) == 2, what="the admission's wave")
+        client.counts.clear()
+        fake.delete(PODS, NAMESPACE, pods[1]["metadata"]["name"])
+        fake.finalize(PODS, NAMESPACE, pods[1]["metadata"]["name"])
+        fake.put(PODS, job_pod(j, index=1, created=10, seed="again"))
+        await eventually(lambda: live_released(fake) == 2, what="the freed slot refilled")
+        await anyio.sleep(0.1)
+        assert client.counts == {"get jobs": 1, "get workloads": 1, "patch pods": 1}
