@@ -458,3 +458,33 @@ async def test_a_slice_touched_after_the_pods_went_is_read_anew_with_the_owner()
         held_wls.set()
         await holds_for(lambda: live_released(fake) == 2, 0.3, what="2 once caught up")
     assert peak_live_released(fake, since=start) == 2
+
+
+@pytest.mark.anyio
+async def test_an_owner_proven_by_a_matching_read_needs_no_more_reads_in_its_term() -> None:
+    """A new term whose Job cache stays behind its start: the first release of an owner is
+    decided on quorum reads, which match the cache, so the owner is proven; its next release
+    in the same term (a scale-up) is decided on the cache alone, while another owner still
+    pays for its own reads."""
+    fake = FakeKube()
+    jobs = [fake.put(JOBS, job(n, parallelism=2, completions=8)) for n in ("train", "eval")]
+    for j in jobs:
+        for i in range(2):
+            fake.put(PODS, job_pod(j, index=i, created=1 + i))
+    elector = HandOver(fake)
+    async with running(fake, config(), elector=elector) as ctl:
+        fake.put(CONFIG_MAPS, {"metadata": {"name": "lease", "namespace": NAMESPACE}})
+        elector.go.set()
+        await eventually(lambda: ctl.state.term_rv > 0, what="the term")
+        first = fake.put(WORKLOADS, workload(jobs[0], {"main": 2}, admitted={"main": 1}))
+        await eventually(lambda: live_released(fake) == 1, what="the first release")
+        assert ctl.stats.proof_reads == 1
+        assert ctl.state.proven == {OwnerKey(NAMESPACE, jobs[0]["metadata"]["uid"])}
+        grown = fake.read(WORKLOADS, NAMESPACE, first["metadata"]["name"]) or {}
+        grown["status"]["admission"]["podSetAssignments"][0]["count"] = 2
+        fake.put(WORKLOADS, grown)
+        await eventually(lambda: live_released(fake) == 2, what="the second release")
+        assert ctl.stats.proof_reads == 1  # proven: the cache alone decided
+        fake.put(WORKLOADS, workload(jobs[1], {"main": 2}, admitted={"main": 1}))
+        await eventually(lambda: live_released(fake) == 3, what="the other Job's release")
+        assert ctl.stats.proof_reads == 2

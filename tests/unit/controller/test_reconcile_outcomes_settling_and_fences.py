@@ -560,7 +560,12 @@ async def test_a_reconcile_settles_an_unknown_outcome_and_counts_a_released_pod_
 
 @pytest.mark.parametrize(
     "failing",
-    ["the read, with an API error", "the read, with a dropped connection", "the fence patch"],
+    [
+        "the read, with an API error",
+        "the read, with a dropped connection",
+        "the fence patch",
+        "the fence patch, a conflict every time on an unchanged pod",
+    ],
 )
 async def test_an_unknown_outcome_stays_in_flight_while_it_cannot_be_settled(
     failing: str, monkeypatch: pytest.MonkeyPatch
@@ -579,6 +584,8 @@ async def test_an_unknown_outcome_stays_in_flight_while_it_cannot_be_settled(
         get = fake.get
         if failing == "the fence patch":
             attempted = script(fake, {name(pods[0]): OSError("connection reset (fake)")})
+        elif failing.startswith("the fence patch, a conflict"):  # three rounds, then give up
+            attempted = script(fake, {name(pods[0]): ApiError(409, "Conflict")})
         else:
             attempted = script(fake, {})
             error: Exception = (

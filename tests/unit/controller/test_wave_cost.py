@@ -102,3 +102,29 @@ async def test_a_slot_freed_by_a_pod_that_went_costs_one_round_of_two_reads() ->
         await eventually(lambda: live_released(fake) == 2, what="the freed slot refilled")
         await anyio.sleep(0.1)
         assert client.counts == {"get jobs": 1, "get workloads": 1, "patch pods": 1}
+
+
+@pytest.mark.anyio
+async def test_a_slot_freed_after_a_scale_up_reads_the_active_slice_once() -> None:
+    """With two slices cached (the finished first and its replacement), the fence reads the
+    active one only: a read that shows it still active settles the question."""
+    fake = FakeKube()
+    client = Counting(fake)
+    j = fake.put(JOBS, job("train", parallelism=2, completions=8))
+    pods = [fake.put(PODS, job_pod(j, index=i, created=1 + i)) for i in range(2)]
+    first = workload(j, {"main": 1}, admitted={"main": 1}, finished=True)
+    fake.put(WORKLOADS, first)
+    replaced = f"{NAMESPACE}/{first['metadata']['name']}"
+    fake.put(
+        WORKLOADS,
+        workload(j, {"main": 2}, admitted={"main": 2}, seed="s2", replacement_for=replaced),
+    )
+    async with running(client, config()):
+        await eventually(lambda: live_released(fake) == 2, what="the wave")
+        client.counts.clear()
+        fake.delete(PODS, NAMESPACE, pods[1]["metadata"]["name"])
+        fake.finalize(PODS, NAMESPACE, pods[1]["metadata"]["name"])
+        fake.put(PODS, job_pod(j, index=1, created=10, seed="again"))
+        await eventually(lambda: live_released(fake) == 2, what="the freed slot refilled")
+        await anyio.sleep(0.1)
+        assert client.counts == {"get jobs": 1, "get workloads": 1, "patch pods": 1}

@@ -4,6 +4,8 @@ cache at the term's start has seen the term) and the bookkeeping that must not l
 
 from __future__ import annotations
 
+from typing import Any
+
 from ungater._decide.freshness import Freshness, version_number
 from ungater._decide.indexes import OwnerKey
 from ungater._decide.ledger import GONE_REMEMBERED, Ledger
@@ -116,3 +118,20 @@ def test_an_unordered_cache_version_proves_nothing() -> None:
     fresh.begin_term(10)
     assert fresh.unproven(KEY)
     assert version_number("abc") is None and version_number("20") == 20
+
+
+def test_a_proof_needs_the_cache_at_or_past_every_version_the_list_shows() -> None:
+    from tests.unit.podfactory import job, job_pod
+    from ungater._controller.freshreads import _not_older
+    from ungater._model.views import parse_pod
+
+    def at(rv: str) -> Any:
+        pod = job_pod(job("train"), index=0)
+        pod["metadata"]["resourceVersion"] = rv
+        return parse_pod(pod)
+
+    assert _not_older(at("7"), at("7"))  # the same version: the cache holds what was listed
+    assert _not_older(at("8"), at("7"))
+    assert not _not_older(at("6"), at("7"))
+    assert not _not_older(at("x"), at("7")) and not _not_older(at("7"), at("x"))
+    assert not _not_older(at("x"), at("x"))
