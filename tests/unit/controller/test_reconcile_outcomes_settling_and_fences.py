@@ -637,6 +637,10 @@ async def test_an_unknown_outcome_on_an_unchanged_pod_is_fenced_then_released_on
         assert ctl.stats.fences == 1
         fenced = fake.read(PODS, NAMESPACE, name(pods[0])) or {}
         assert fenced["metadata"]["annotations"][FENCE_ANNOTATION] == tested
+        before = pods[0]["metadata"].get("annotations") or {}
+        assert before and all(  # the fence adds its annotation and removes none
+            fenced["metadata"]["annotations"].get(k) == v for k, v in before.items()
+        )
         assert not gated(fake, pods[0]) and gated(fake, pods[1])
         assert not ctl.state.uncertain
 
