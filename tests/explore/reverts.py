@@ -1,4 +1,4 @@
-"""Each fix of issue 33's four paths, undone: the code as it was before the fix, patched in
+"""Each fix of issue 33's paths (the issue's four, and two found writing docs/safety.md), undone: the code as it was before the fix, patched in
 for the length of a ``with`` block. The explorer must find a violation with each one undone
 (tests/explore/test_explore.py), which shows both that the fix is needed and that the
 explorer reaches the path by itself.
@@ -11,9 +11,11 @@ from contextlib import contextmanager
 from typing import Any
 from unittest import mock
 
+import anyio
+
 import tests.explore.world as world_module
 from ungater._controller.freshreads import FreshReads
-from ungater._controller.patcher import Patcher
+from ungater._controller.patcher import SKIPPED, Patcher
 from ungater._controller.reconciler import Reconciler
 from ungater._controller.settling import Settler
 from ungater._decide.decision import active_slice
@@ -64,6 +66,38 @@ async def _resend_whatever_changed(self: Any, r: Any, unchanged: Any = None) -> 
     return await _release(self, r, lambda: True)
 
 
+async def _release_all_checking_resends_only(
+    self: Any, releases: Any, rt: Any = None, unchanged: Any = lambda: True
+) -> dict[str, str]:
+    """Before: a release that waited for a patch slot was sent whatever the caches showed."""
+    outcomes: dict[str, str] = {}
+
+    async def one(r: Any) -> None:
+        async with self._slots:
+            if rt is not None and rt.mode != "release":
+                outcomes[r.pod.uid] = SKIPPED
+                return
+            outcomes[r.pod.uid] = await self.release(r, unchanged)
+
+    async with anyio.create_task_group() as tg:
+        for r in releases:
+            tg.start_soon(one, r)
+    return outcomes
+
+
+_refresh = FreshReads.refresh
+
+
+async def _refresh_what_looked_stale(
+    self: Any, key: Any, rt: Any, owner: Any, slices: Any, stale_owner: Any, stale_slice: Any
+) -> Any:
+    """Before: the fence read only the views that looked older than the shrink mark."""
+    unproven = self.unproven(key)
+    old_owner = self.owner_may_be_stale(key, rt, owner) or (unproven and self.owner_readable(rt))
+    old_slice = unproven or self.slice_may_be_stale(key, slices)
+    return await _refresh(self, key, rt, owner, slices, old_owner, old_slice)
+
+
 @contextmanager
 def unseen_pod() -> Iterator[None]:
     with (
@@ -93,10 +127,24 @@ def term_start() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def first_send() -> Iterator[None]:
+    with mock.patch.object(Patcher, "release_all", _release_all_checking_resends_only):
+        yield
+
+
+@contextmanager
+def slice_with_owner() -> Iterator[None]:
+    with mock.patch.object(FreshReads, "refresh", _refresh_what_looked_stale):
+        yield
+
+
 #: fix -> (how to undo it, the scenario that must then break)
 REVERTS: dict[str, tuple[Callable[[], Any], str]] = {
     "unseen-pod": (unseen_pod, "term-unseen-pod"),
     "slice-chain": (slice_chain, "slice-chain"),
     "resend": (resend, "other-gate-shrink"),
     "term-start": (term_start, "handover"),
+    "first-send": (first_send, "queued-sends"),
+    "slice-with-owner": (slice_with_owner, "touched-slice"),
 }

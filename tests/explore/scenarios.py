@@ -33,6 +33,7 @@ class Scenario:
     proven_at_start: bool = True  # the leader led before anything happened (no proof reads)
     handover: bool = False
     bookmarks: bool = False
+    config: dict[str, Any] = field(default_factory=dict)  # settings beside the explorer's
     jobs: dict[str, Any] = field(default_factory=dict)
 
     def setup(self, world: Any) -> None:
@@ -332,4 +333,74 @@ GROW = Scenario(
     bookmarks=True,
 )
 
-ALL = {s.name: s for s in (TERM_UNSEEN_POD, SLICE_CHAIN, OTHER_GATE_SHRINK, HANDOVER, GROW)}
+# -- 6. one patch at a time, and a shrink while the rest wait -----------------------------------
+
+
+def _queued_build(world: Any) -> None:
+    _job(world, "train", 3)
+    for i in range(3):
+        _pod(world, "train", i)
+    _slice(world, "train", 3, "", admitted=True)
+
+
+QUEUED_SENDS = Scenario(
+    "queued-sends",
+    "3 pods admitted, patches one at a time; the Job shrinks to 1",
+    _queued_build,
+    [("the Job shrinks to 1", lambda w: _resize(w, "train", 1))],
+    config={"client": {"patchConcurrency": 1}},
+)
+
+
+# -- 7. a slice touched between a shrink's victims and Kueue's lowering --------------------------
+
+
+def _shrink(w: Any, size: int, victims: range) -> None:
+    _resize(w, "train", size)
+    _delete_pods(w, "train", victims)
+
+
+def _touch(w: Any) -> None:
+    wl = w.fake.read(WORKLOADS, NAMESPACE, _slice_name(w, "train", ""))
+    wl["metadata"].setdefault("labels", {})["touched"] = "yes"
+    w.fake.put(WORKLOADS, wl)
+
+
+def _regrow(w: Any) -> None:
+    _resize(w, "train", 4)
+    for i in (2, 3):
+        _pod(w, "train", i, seed="again")
+
+
+def _touched_build(world: Any) -> None:
+    _job(world, "train", 4)
+    for i in range(4):
+        _pod(world, "train", i, released=True)
+    _slice(world, "train", 4, "", admitted=True)
+
+
+TOUCHED_SLICE = Scenario(
+    "touched-slice",
+    "4 released; the Job shrinks to 2 (pods 2, 3 deleted), the slice gets an unrelated write, "
+    "Kueue lowers it to 2, the Job grows back to 4",
+    _touched_build,
+    [
+        ("the Job shrinks to 2, pods 2 and 3 deleted", lambda w: _shrink(w, 2, range(2, 4))),
+        ("an unrelated write to the slice", _touch),
+        ("Kueue lowers the slice to 2", lambda w: _lower(w, "train", "", 2)),
+        ("the Job grows back to 4, pods 2 and 3 created", _regrow),
+    ],
+)
+
+ALL = {
+    s.name: s
+    for s in (
+        TERM_UNSEEN_POD,
+        SLICE_CHAIN,
+        OTHER_GATE_SHRINK,
+        HANDOVER,
+        GROW,
+        QUEUED_SENDS,
+        TOUCHED_SLICE,
+    )
+}

@@ -53,6 +53,7 @@ class Request:
     call: Callable[[], Awaitable[Any]]
     answer: asyncio.Future[Any]
     bound: int | None = None  # a patch's: the cap it was sent under (see ``World._check``)
+    releasing: bool = False  # a patch that removes a scheduling gate (not a fence)
 
 
 class SteppedClient:
@@ -67,12 +68,14 @@ class SteppedClient:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.fake, name)
 
-    async def _call(self, kind: str, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
+    async def _call(
+        self, kind: str, what: str, call: Callable[[], Awaitable[Any]], releasing: bool = False
+    ) -> Any:
         if not self.world.gating:
             return await call()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         bound = self.world.bound_at_send(self.replica) if kind == "patch" else None
-        self.replica.requests.append(Request(kind, what, call, future, bound))
+        self.replica.requests.append(Request(kind, what, call, future, bound, releasing))
         return await future
 
     async def get(self, resource: Resource, namespace: str | None, name: str) -> Any:
@@ -90,10 +93,14 @@ class SteppedClient:
     async def json_patch(
         self, resource: Resource, namespace: str | None, name: str, ops: Any
     ) -> Any:
+        releasing = any(
+            op.get("op") == "remove" and "schedulingGates" in str(op.get("path")) for op in ops
+        )
         return await self._call(
             "patch",
             f"patch {resource.plural}/{name}",
             lambda: self.fake.json_patch(resource, namespace, name, ops),
+            releasing,
         )
 
 
@@ -146,13 +153,14 @@ class Clock:
         return self.now
 
 
-def config() -> Config:
+def config(**extra: Any) -> Config:
     return Config.model_validate(
         {
             "kinds": [{"group": "batch", "kind": "Job"}],
             "mode": "release",
             "expectationsTimeoutSeconds": 5,
             "policyCheckIntervalSeconds": 0,
+            **extra,
         }
     )
 
@@ -215,7 +223,8 @@ class World:
 
     async def _add_replica(self, name: str) -> None:
         elector = Elector()
-        ctl = Controller(_CONFIG, self.fake, _REGISTRY, clock=self.clock)
+        settings = config(**self.scenario.config) if self.scenario.config else _CONFIG
+        ctl = Controller(settings, self.fake, _REGISTRY, clock=self.clock)
         replica = Replica(name, ctl, elector)
         client = SteppedClient(self, replica)
         ctl.client = client
@@ -310,8 +319,9 @@ class World:
             except Exception:  # refused at landing: the server changed meanwhile
                 pass
             else:
-                self._released(patched)
-                self._check(f"a late {req.what} landed", req.bound)
+                if req.releasing:
+                    self._released(patched)
+                    self._check(f"a late {req.what} landed", req.bound)
         elif name == "expire":
             self.expiries += 1
             self.clock.now += 6
@@ -389,7 +399,7 @@ class World:
                 req.answer.set_exception(exc)
                 continue
             req.answer.set_result(result)
-            if req.kind == "patch":
+            if req.releasing:
                 self._released(result)
                 self._check(f"{rep.name}'s {req.what}", req.bound)
         raise RuntimeError(f"{rep.name}: more than {MAX_REQUESTS} requests in one reconcile")
@@ -425,8 +435,9 @@ class World:
             self.ours.setdefault(str(meta.get("name")), int(meta.get("resourceVersion") or 0))
 
     def _check(self, after: str, sent_under: int | None) -> None:
-        """After each write of ours: live released <= the cap now, or the cap the request was
-        sent under, whichever is larger (no releaser sees a shrink committed after it sent)."""
+        """After each release of ours (a fence releases nothing): live released <= the cap
+        now, or the cap the request was sent under, whichever is larger (no releaser sees a
+        shrink committed after it sent)."""
         for owner in self.owners:
             live, cap = self.scenario.live_and_cap(self, owner)
             if live > max(cap, sent_under if sent_under is not None else cap):
