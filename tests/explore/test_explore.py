@@ -56,5 +56,6 @@ async def test_the_explorer_finds_each_path_with_its_fix_undone(fix: str) -> Non
     undo, scenario = REVERTS[fix]
     with undo():
         report = await explore(ALL[scenario], CI_DEPTHS[scenario])
+    report.scenario = f"{scenario}, {fix} fix undone (a violation expected)"
     assert report.violation, f"{fix} undone, yet: {report.line()}"
     assert len(report.trace) <= CI_DEPTHS[scenario]
