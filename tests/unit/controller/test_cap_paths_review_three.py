@@ -52,6 +52,14 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+async def term_behind_every_cache(fake: FakeKube, elector: HandOver, ctl: Any) -> None:
+    """A term that starts at a write none of the caches sees (the Lease's): every owner is
+    unproven until a read, or every cache passing that write, shows otherwise."""
+    fake.put(CONFIG_MAPS, {"metadata": {"name": "lease", "namespace": NAMESPACE}})
+    elector.go.set()
+    await eventually(lambda: ctl.state.term_rv > 0, what="the term")
+
+
 # -- 1. an expectation for a pod the cache never held --------------------------------------------
 
 
@@ -69,9 +77,7 @@ async def test_an_expired_expectation_for_a_pod_the_cache_never_held_is_settled_
     elector = HandOver(fake)
     async with running(client, config(), elector=elector) as ctl:
         rt = ctl.kinds[next(iter(ctl.kinds))]
-        fake.put(CONFIG_MAPS, {"metadata": {"name": "lease", "namespace": NAMESPACE}})
-        elector.go.set()  # the term starts at a write none of the caches sees (the Lease's)
-        await eventually(lambda: ctl.state.term_rv > 0, what="the term")
+        await term_behind_every_cache(fake, elector, ctl)
         fake.put(PODS, job_pod(j, index=1, created=2))  # the pod watch moves past the term
         await eventually(lambda: len(rt.pods) == 1, what="pod 1 in the cache")
         held = client.hold("pods")  # ... and then goes silent
@@ -338,9 +344,7 @@ async def test_an_expired_expectation_for_a_never_held_pod_that_is_gone_is_forgo
     elector = HandOver(fake)
     async with running(client, config(), elector=elector) as ctl:
         rt = ctl.kinds[next(iter(ctl.kinds))]
-        fake.put(CONFIG_MAPS, {"metadata": {"name": "lease", "namespace": NAMESPACE}})
-        elector.go.set()
-        await eventually(lambda: ctl.state.term_rv > 0, what="the term")
+        await term_behind_every_cache(fake, elector, ctl)
         fake.put(PODS, job_pod(j, index=1, created=2))
         await eventually(lambda: len(rt.pods) == 1, what="pod 1 in the cache")
         client.hold("pods")  # from here the pod watch is silent
@@ -473,9 +477,7 @@ async def test_an_owner_proven_by_a_matching_read_needs_no_more_reads_in_its_ter
             fake.put(PODS, job_pod(j, index=i, created=1 + i))
     elector = HandOver(fake)
     async with running(fake, config(), elector=elector) as ctl:
-        fake.put(CONFIG_MAPS, {"metadata": {"name": "lease", "namespace": NAMESPACE}})
-        elector.go.set()
-        await eventually(lambda: ctl.state.term_rv > 0, what="the term")
+        await term_behind_every_cache(fake, elector, ctl)
         first = fake.put(WORKLOADS, workload(jobs[0], {"main": 2}, admitted={"main": 1}))
         await eventually(lambda: live_released(fake) == 1, what="the first release")
         assert ctl.stats.proof_reads == 1

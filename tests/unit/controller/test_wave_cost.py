@@ -54,6 +54,20 @@ class Counting:
         return await self.inner.json_patch(resource, *a, **kw)
 
 
+async def free_a_slot_and_refill(
+    fake: FakeKube, client: Counting, j: dict[str, Any], pod: dict[str, Any]
+) -> None:
+    """A released pod goes (as on a shrink, or a failure) and its replacement comes: count only
+    the requests of refilling its slot."""
+    client.counts.clear()
+    fake.delete(PODS, NAMESPACE, pod["metadata"]["name"])
+    fake.finalize(PODS, NAMESPACE, pod["metadata"]["name"])
+    index = int(pod["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"])
+    fake.put(PODS, job_pod(j, index=index, created=10, seed="again"))
+    await eventually(lambda: live_released(fake) == 2, what="the freed slot refilled")
+    await anyio.sleep(0.1)
+
+
 @pytest.mark.anyio
 async def test_an_admission_and_a_scale_up_cost_one_patch_per_pod_and_no_read() -> None:
     fake = FakeKube()
@@ -95,12 +109,7 @@ async def test_a_slot_freed_by_a_pod_that_went_costs_one_round_of_two_reads() ->
     async with running(client, config()):
         fake.put(WORKLOADS, workload(j, {"main": 2}, admitted={"main": 2}))
         await eventually(lambda: live_released(fake) == 2, what="the admission's wave")
-        client.counts.clear()
-        fake.delete(PODS, NAMESPACE, pods[1]["metadata"]["name"])
-        fake.finalize(PODS, NAMESPACE, pods[1]["metadata"]["name"])
-        fake.put(PODS, job_pod(j, index=1, created=10, seed="again"))
-        await eventually(lambda: live_released(fake) == 2, what="the freed slot refilled")
-        await anyio.sleep(0.1)
+        await free_a_slot_and_refill(fake, client, j, pods[1])
         assert client.counts == {"get jobs": 1, "get workloads": 1, "patch pods": 1}
 
 
@@ -121,10 +130,5 @@ async def test_a_slot_freed_after_a_scale_up_reads_the_active_slice_once() -> No
     )
     async with running(client, config()):
         await eventually(lambda: live_released(fake) == 2, what="the wave")
-        client.counts.clear()
-        fake.delete(PODS, NAMESPACE, pods[1]["metadata"]["name"])
-        fake.finalize(PODS, NAMESPACE, pods[1]["metadata"]["name"])
-        fake.put(PODS, job_pod(j, index=1, created=10, seed="again"))
-        await eventually(lambda: live_released(fake) == 2, what="the freed slot refilled")
-        await anyio.sleep(0.1)
+        await free_a_slot_and_refill(fake, client, j, pods[1])
         assert client.counts == {"get jobs": 1, "get workloads": 1, "patch pods": 1}
