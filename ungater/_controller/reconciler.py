@@ -220,8 +220,9 @@ class Reconciler:
 
     def _basis(self, key: OwnerKey) -> tuple[object, ...]:
         """What a decision for this owner read beside its pods, by version: the owner, its
-        slices, the objects it is sized by, and the newest moment it may have shrunk. A refused
-        release is resent only while this is unchanged (a resend is the old decision again)."""
+        slices, the objects it is sized by, and the newest moment it may have shrunk. A release
+        is sent (a refused one resent) only while this is unchanged: a send is the decision as
+        it was, and one that waited for a patch slot may be older than the caches."""
         s = self.s
         return (
             s.shrink_rv.get(key),
