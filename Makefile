@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo demo-notice install control-plane helm manifests lint unit integration world explore bench clean
+.PHONY: test check test-fast demo demo-notice install control-plane helm manifests lint unit integration world explore bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -55,11 +55,22 @@ DEPTH ?= 11
 explore: $(STAMP)
 	$(BIN)/python -m tests.explore --depth $(DEPTH)
 
+# pytest-xdist workers: each starts its own planes (a plain one, and a Kueue one per version
+# its tests ask for); the tests of one Kueue version other than the default share one worker
+# (`--dist loadgroup`, tests/integration/conftest.py). Four, measured on two cores: most of an
+# integration test is waiting on real controllers (docs/testing.md, "Where the time goes").
+WORKERS ?= 4
+XDIST := -n $(WORKERS) --dist loadgroup
+
 integration: control-plane helm
-	$(BIN)/python -m pytest tests/integration -q
+	$(BIN)/python -m pytest tests/integration -q $(XDIST)
 
 test: control-plane helm lint
-	$(BIN)/python -m pytest tests examples/ungater-leaderworkerset/tests -q
+	$(BIN)/python -m pytest tests examples/ungater-leaderworkerset/tests -q $(XDIST)
+
+# The inner loop: lint, the unit suite (the world's first 40 seeds included), no control plane.
+check: lint
+	$(BIN)/python -m pytest tests/unit examples/ungater-leaderworkerset/tests -q -n 2
 
 # Measured on two cores: the control plane 9.5 min, Kueue 5, KubeRay and JobSet 2.5 each.
 demo: demo-notice control-plane

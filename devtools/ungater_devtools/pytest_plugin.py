@@ -12,8 +12,8 @@ uses cached binaries only and never starts a (long) build.
 
 ``kueue_cluster`` runs the Kueue a test asks for with ``@pytest.mark.kueue_version("v0.17.1")``
 (on the test, its class or its module), else ``$UNGATER_KUEUE_VERSION``, else the default pin.
-One Kueue cluster lives at a time: a test that asks for another version stops the running one
-and starts its own, so keep the tests of one version together (a module marker does).
+Each version asked for starts once and runs to the end of the session (of each pytest-xdist
+worker, under ``-n``).
 """
 
 from __future__ import annotations
@@ -58,34 +58,35 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[LocalControlPlane]
 
 
 class _KueueClusters:
-    """The one running Kueue cluster of the session, by the Kueue version asked for."""
+    """The running Kueue clusters of the session, one per Kueue version asked for.
+
+    Each version's cluster starts at its first test and lives to the end of the session (or of
+    the pytest-xdist worker): a suite that interleaves versions never pays a second start-up
+    (about 35 s on two cores each), and two idle clusters cost memory, not CPU."""
 
     def __init__(self, request: pytest.FixtureRequest) -> None:
         self._request = request
-        self._asked: str | None = None
-        self._running: Iterator[LocalControlPlane] | None = None
-        self._plane: LocalControlPlane | None = None
+        self._running: dict[str | None, Iterator[LocalControlPlane]] = {}
+        self._planes: dict[str | None, LocalControlPlane] = {}
         self._failed: dict[str | None, BaseException] = {}  # skip or failure, given once
 
     def get(self, version: str | None) -> LocalControlPlane:
         if version in self._failed:
             raise self._failed[version]
-        if self._plane is None or version != self._asked:
-            self.close()
-            self._asked = version
-            self._running = _started_plane(self._request, peers=True, kueue_version=version)
+        if version not in self._planes:
+            running = _started_plane(self._request, peers=True, kueue_version=version)
             try:
-                self._plane = next(self._running)
+                self._planes[version] = next(running)
             except BaseException as exc:  # pytest's skip and fail are BaseExceptions
-                self._running = None
                 self._failed[version] = exc
                 raise
-        return self._plane
+            self._running[version] = running
+        return self._planes[version]
 
     def close(self) -> None:
-        running, self._running, self._plane = self._running, None, None
-        if running is not None:
-            next(running, None)  # runs the generator's clean-up: stops the plane
+        running, self._running, self._planes = self._running, {}, {}
+        for generator in running.values():
+            next(generator, None)  # runs the generator's clean-up: stops the plane
 
 
 @pytest.fixture(scope="session")
@@ -103,8 +104,8 @@ def kueue_cluster(
 ) -> LocalControlPlane:
     """A second control plane of its own, running the real Kueue (the version of the
     ``kueue_version`` marker, else the default), KubeRay operator and JobSet controller
-    (``plane.peers``); a ResourceFlavor ``default-flavor`` exists. Shared by the tests that
-    ask for the same Kueue in a row."""
+    (``plane.peers``); a ResourceFlavor ``default-flavor`` exists. Shared by every test of
+    the session that asks for the same Kueue."""
     marker = request.node.get_closest_marker("kueue_version")
     return _kueue_clusters.get(str(marker.args[0]) if marker is not None else None)
 

@@ -5,13 +5,14 @@ client for the chart tests (helpers in deploy.py), and the hook that marks every
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.integration.deploy import Admin, helm_for_tests
+from tests.integration.isolation import CLUSTER_SCOPED, KUEUE_SCOPED, cluster_objects, leaks
 from tests.integration.k8s import Kube
 from tests.integration.support import config_for, running_controller
 
@@ -25,6 +26,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.is_relative_to(_HERE):
             item.add_marker(pytest.mark.integration)
+        version = item.get_closest_marker("kueue_version")
+        if version is not None:  # under `-n --dist loadgroup`: one worker starts this Kueue
+            item.add_marker(pytest.mark.xdist_group(f"kueue-{version.args[0]}"))
+
+
+@pytest.fixture(autouse=True)
+def leaves_no_cluster_objects(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves a cluster-scoped object on a shared plane (isolation.py).
+
+    Autouse, so set up before and torn down after the test's own fixtures: the namespaces
+    they delete are gone (or going) when this looks."""
+    planes: list[tuple[Any, tuple[str, ...]]] = []
+    if "control_plane" in request.fixturenames:
+        planes.append((request.getfixturevalue("control_plane"), CLUSTER_SCOPED))
+    if "kueue_cluster" in request.fixturenames:
+        planes.append((request.getfixturevalue("kueue_cluster"), CLUSTER_SCOPED + KUEUE_SCOPED))
+    before = [cluster_objects(plane, paths) for plane, paths in planes]
+    yield
+    left = [
+        f"{name} (on {plane.server_url})"
+        for (plane, paths), had in zip(planes, before, strict=True)
+        for name in leaks(had, cluster_objects(plane, paths))
+    ]
+    if left:
+        pytest.fail("the test left cluster-scoped objects behind:\n" + "\n".join(left))
 
 
 @pytest.fixture

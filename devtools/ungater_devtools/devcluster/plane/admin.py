@@ -27,12 +27,13 @@ def request(
     body: Any = None,
     *,
     content_type: str = "application/json",
+    accept: str = "application/json",
     timeout: float = 10.0,
 ) -> tuple[int, Any]:
     """One request to 127.0.0.1:``port``; returns ``(status, decoded JSON or text)``."""
     conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout, context=context)
     try:
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": accept}
         payload: bytes | None = None
         if body is not None:
             payload = body if isinstance(body, bytes) else json.dumps(body).encode()

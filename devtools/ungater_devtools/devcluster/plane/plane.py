@@ -425,6 +425,7 @@ class ControlPlane:
         body: Any = None,
         *,
         content_type: str = "application/json",
+        accept: str = "application/json",
         timeout: float = 10.0,
     ) -> tuple[int, Any]:
         """One admin request to the API server; returns ``(status, decoded JSON or text)``."""
@@ -435,6 +436,7 @@ class ControlPlane:
             path,
             body,
             content_type=content_type,
+            accept=accept,
             timeout=timeout,
         )
 
