@@ -96,11 +96,17 @@ class ListOnly:
         self.accepts.append(accept)
         if path not in self.served:
             return 404, {}
-        return 200, {"items": [{"metadata": m} for m in self.served[path]]}
+        items = [{"metadata": m} for m in self.served[path]]
+        return 200, {"items": items or None}  # as the real API server lists an empty kind
 
 
 def test_cluster_objects_names_kind_and_object_and_asks_for_metadata_only() -> None:
-    plane = ListOnly({CLUSTER_SCOPED[1]: [{"name": "a"}, {"name": "b", "deletionTimestamp": "x"}]})
+    plane = ListOnly(
+        {
+            CLUSTER_SCOPED[0]: [],
+            CLUSTER_SCOPED[1]: [{"name": "a"}, {"name": "b", "deletionTimestamp": "x"}],
+        }
+    )
     found = cluster_objects(plane, CLUSTER_SCOPED)
     assert found == {"clusterroles/a"}
     assert all("PartialObjectMetadataList" in a for a in plane.accepts)
