@@ -51,7 +51,7 @@ def cluster_objects(plane: Plane, paths: tuple[str, ...]) -> set[str]:
             continue
         if status != 200:
             raise RuntimeError(f"listing {path}: HTTP {status}: {str(body)[:200]}")
-        for item in body.get("items") or ():  # the real server sends null for an empty list  # the real server sends null for an empty list
+        for item in body.get("items") or ():  # the real server sends null for an empty list
             meta = item.get("metadata", {})
             if not meta.get("deletionTimestamp"):
                 found.add(f"{path.rsplit('/', 1)[-1]}/{meta.get('name')}")
