@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test check test-fast demo demo-notice install control-plane helm manifests lint unit integration world explore bench clean
+.PHONY: test check test-fast test-planes-down demo demo-notice install control-plane helm manifests lint unit integration world explore bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,28 @@ integration: control-plane helm
 
 test: control-plane helm lint
 	$(BIN)/python -m pytest tests examples/ungater-leaderworkerset/tests -q $(XDIST)
+
+# The inner loop on the integration tests: the planes they attach to ($UNGATER_TEST_PLANES,
+# docs/testing.md) run detached under PLANES and outlive the run, so their start-ups (a plain
+# plane ~10 s, a Kueue one ~35 s on two cores) are paid once, not at every run; `dev-cluster up`
+# finds a running one and starts nothing. make test-fast TESTS=tests/integration/test_real_jobs.py
+# for a subset; make test-planes-down stops them. Serial, unlike `make integration`: every
+# pytest-xdist worker would attach to the same three planes, where concurrent tests are not
+# isolated from each other's cluster-wide controllers (Kueue, the Job controller, JobSet,
+# KubeRay act on every namespace); PYTEST_ARGS='-n 2' if you accept that.
+PLANES ?= $(HOME)/.cache/ungater/test-planes
+TESTS ?= tests/integration
+PYTEST_ARGS ?=
+
+test-fast: control-plane helm
+	$(BIN)/ungater dev-cluster up --state-dir $(PLANES)/plain --no-peers
+	$(BIN)/ungater dev-cluster up --state-dir $(PLANES)/kueue-v0.19.2 --kueue v0.19.2
+	$(BIN)/ungater dev-cluster up --state-dir $(PLANES)/kueue-v0.17.1 --kueue v0.17.1
+	UNGATER_TEST_PLANES=$(PLANES) $(BIN)/python -m pytest $(TESTS) -q $(PYTEST_ARGS)
+
+# Stops every plane under PLANES (a Kueue started there by hand for $UNGATER_KUEUE_VERSION too).
+test-planes-down: $(STAMP)
+	for dir in $(PLANES)/*/; do [ ! -e "$$dir/pids.json" ] || $(BIN)/ungater dev-cluster down --state-dir "$$dir"; done
 
 # The inner loop: lint, the unit suite (the world's first 40 seeds included), no control plane.
 check: lint

@@ -14,6 +14,14 @@ uses cached binaries only and never starts a (long) build.
 (on the test, its class or its module), else ``$UNGATER_KUEUE_VERSION``, else the default pin.
 Each version asked for starts once and runs to the end of the session (of each pytest-xdist
 worker, under ``-n``).
+
+With ``$UNGATER_TEST_PLANES`` naming a directory (``make test-fast``), nothing starts: the
+fixtures attach to the dev clusters already running there (``ungater dev-cluster up
+--state-dir``), ``plain`` (started ``--no-peers``) for ``control_plane`` and ``kueue-<version>``
+for ``kueue_cluster``, and leave them running at the end. A plane that is not there fails the
+test with the command that starts it, under ``CI=true`` or not. A test that kills or restarts
+the API server takes ``breakable_plane`` (and ``breakable_namespace``) instead of
+``control_plane``: the same plane normally, a plane of its own in that mode.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import secrets
 from collections.abc import Callable, Generator, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import pytest
@@ -31,7 +40,18 @@ import pytest
 if TYPE_CHECKING:
     from ungater_devtools.devcluster.environment import LocalControlPlane
 
-__all__ = ["control_plane", "kube_namespace", "kueue_cluster", "kueue_namespace"]
+__all__ = [
+    "PLANES_ENV",
+    "breakable_namespace",
+    "breakable_plane",
+    "control_plane",
+    "kube_namespace",
+    "kueue_cluster",
+    "kueue_namespace",
+]
+
+#: A directory of running dev clusters the fixtures attach to instead of starting planes.
+PLANES_ENV = "UNGATER_TEST_PLANES"
 
 _HOW_TO_GET = (
     "build the binaries once with `python -m ungater_devtools.devcluster build` "
@@ -53,8 +73,21 @@ def _unavailable(reason: str) -> NoReturn:
 
 @pytest.fixture(scope="session")
 def control_plane(request: pytest.FixtureRequest) -> Iterator[LocalControlPlane]:
-    """A started etcd + kube-apiserver + kube-controller-manager with the CRDs installed."""
-    yield from _started_plane(request, peers=False)
+    """A started etcd + kube-apiserver + kube-controller-manager with the CRDs installed
+    (under ``$UNGATER_TEST_PLANES``: the running one in ``$UNGATER_TEST_PLANES/plain``)."""
+    yield from _plane(request, peers=False)
+
+
+@pytest.fixture
+def breakable_plane(request: pytest.FixtureRequest) -> Iterator[LocalControlPlane]:
+    """The plain plane for a test that breaks it (``kill_apiserver``, ``start_apiserver``):
+    ``control_plane`` itself, except under ``$UNGATER_TEST_PLANES``, whose planes every later
+    session shares: there a plane of the test's own, started for it and stopped after it
+    (about 10 s on two cores)."""
+    if _planes_dir() is None:
+        yield request.getfixturevalue("control_plane")
+    else:
+        yield from _started_plane(request, peers=False)
 
 
 class _KueueClusters:
@@ -74,7 +107,7 @@ class _KueueClusters:
         if version in self._failed:
             raise self._failed[version]
         if version not in self._planes:
-            running = _started_plane(self._request, peers=True, kueue_version=version)
+            running = _plane(self._request, peers=True, kueue_version=version)
             try:
                 self._planes[version] = next(running)
             except BaseException as exc:  # pytest's skip and fail are BaseExceptions
@@ -105,9 +138,74 @@ def kueue_cluster(
     """A second control plane of its own, running the real Kueue (the version of the
     ``kueue_version`` marker, else the default), KubeRay operator and JobSet controller
     (``plane.peers``); a ResourceFlavor ``default-flavor`` exists. Shared by every test of
-    the session that asks for the same Kueue."""
+    the session that asks for the same Kueue (under ``$UNGATER_TEST_PLANES``: the running one
+    in ``$UNGATER_TEST_PLANES/kueue-<version>``)."""
     marker = request.node.get_closest_marker("kueue_version")
     return _kueue_clusters.get(str(marker.args[0]) if marker is not None else None)
+
+
+def _planes_dir() -> Path | None:
+    value = os.environ.get(PLANES_ENV, "").strip()
+    return Path(value).expanduser() if value else None
+
+
+def _plane(
+    request: pytest.FixtureRequest, *, peers: bool, kueue_version: str | None = None
+) -> Iterator[LocalControlPlane]:
+    """The plane of a session fixture: attached under ``$UNGATER_TEST_PLANES``, else started."""
+    planes = _planes_dir()
+    if planes is not None:
+        return _attached_plane(planes, peers=peers, kueue_version=kueue_version)
+    return _started_plane(request, peers=peers, kueue_version=kueue_version)
+
+
+def _attached_plane(
+    planes: Path, *, peers: bool, kueue_version: str | None
+) -> Iterator[LocalControlPlane]:
+    """The running dev cluster of ``planes`` that the fixture asks for (``plain``, else
+    ``kueue-<version>``, the version resolved as :func:`versions.kueue_pin` does), never
+    stopped here. When it is not there, the test fails saying how to start it: never a start,
+    never a skip (a plane started here would die with the session, the opposite of why
+    ``$UNGATER_TEST_PLANES`` is set)."""
+    from ungater_devtools.devcluster import versions
+    from ungater_devtools.devcluster.detached import DevClusterNotRunning, attach_dev_cluster
+
+    if peers:
+        try:
+            version = versions.kueue_pin(kueue_version).version
+        except ValueError as exc:
+            pytest.fail(str(exc), pytrace=False)
+        directory = planes / f"kueue-{version}"
+        options = f"--kueue {version}"
+    else:
+        version = None
+        directory = planes / "plain"
+        options = "--no-peers"
+    start = f"ungater dev-cluster up --state-dir {directory} {options}"
+    problem = ""
+    try:
+        plane = attach_dev_cluster(directory)
+    except DevClusterNotRunning as exc:
+        problem = str(exc)
+    else:
+        runs = plane.recorded_kueue_version
+        if runs != version:
+            problem = f"the dev cluster in {directory} runs " + (
+                f"Kueue {runs}" if runs else "no Kueue"
+            )
+            start = f"ungater dev-cluster down --state-dir {directory} && {start}"
+    if problem:
+        pytest.fail(
+            f"{PLANES_ENV}={planes}, and {problem}; start it with\n  {start}\n"
+            f"(`make test-fast` starts every plane the tests use and runs them; without "
+            f"{PLANES_ENV} each session starts planes of its own)",
+            pytrace=False,
+        )
+    _ACTIVE.append(plane)
+    try:
+        yield plane
+    finally:
+        _ACTIVE.remove(plane)  # and the plane runs on, for the next session
 
 
 def _started_plane(
@@ -239,13 +337,9 @@ def _namespace_name(node_name: str) -> str:
     return f"t-{stem or 'test'}-{secrets.token_hex(3)}"
 
 
-@pytest.fixture
-def kube_namespace(
-    control_plane: LocalControlPlane, request: pytest.FixtureRequest
-) -> Iterator[str]:
-    """A fresh namespace (its name) for one test, deleted afterwards."""
+def _fresh_namespace(plane: LocalControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
     name = _namespace_name(request.node.name)
-    status, body = control_plane.request(
+    status, body = plane.request(
         "POST",
         "/api/v1/namespaces",
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}},
@@ -255,7 +349,23 @@ def kube_namespace(
     try:
         yield name
     finally:
-        control_plane.request("DELETE", f"/api/v1/namespaces/{name}")
+        plane.request("DELETE", f"/api/v1/namespaces/{name}")
+
+
+@pytest.fixture
+def kube_namespace(
+    control_plane: LocalControlPlane, request: pytest.FixtureRequest
+) -> Iterator[str]:
+    """A fresh namespace (its name) for one test, deleted afterwards."""
+    yield from _fresh_namespace(control_plane, request)
+
+
+@pytest.fixture
+def breakable_namespace(
+    breakable_plane: LocalControlPlane, request: pytest.FixtureRequest
+) -> Iterator[str]:
+    """A fresh namespace on ``breakable_plane``, deleted afterwards."""
+    yield from _fresh_namespace(breakable_plane, request)
 
 
 @pytest.fixture
@@ -302,7 +412,8 @@ def pytest_runtest_makereport(
     outcome = yield
     report = outcome.get_result()
     names = getattr(item, "fixturenames", ())
-    if report.failed and _ACTIVE and ("control_plane" in names or "kueue_cluster" in names):
+    planes = {"control_plane", "breakable_plane", "kueue_cluster"}
+    if report.failed and _ACTIVE and planes.intersection(names):
         report.sections.append(
             ("ungater control plane logs", "\n".join(p.describe_failure() for p in _ACTIVE))
         )

@@ -38,10 +38,17 @@ def leaves_no_cluster_objects(request: pytest.FixtureRequest) -> Iterator[None]:
     Autouse, so set up before and torn down after the test's own fixtures: the namespaces
     they delete are gone (or going) when this looks."""
     planes: list[tuple[Any, tuple[str, ...]]] = []
-    if "control_plane" in request.fixturenames:
-        planes.append((request.getfixturevalue("control_plane"), CLUSTER_SCOPED))
-    if "kueue_cluster" in request.fixturenames:
-        planes.append((request.getfixturevalue("kueue_cluster"), CLUSTER_SCOPED + KUEUE_SCOPED))
+    # breakable_plane is control_plane, or (under $UNGATER_TEST_PLANES) a plane of the test's
+    # own, which pytest stops after this fixture's teardown, having started it during its setup
+    for fixture, paths in (
+        ("control_plane", CLUSTER_SCOPED),
+        ("breakable_plane", CLUSTER_SCOPED),
+        ("kueue_cluster", CLUSTER_SCOPED + KUEUE_SCOPED),
+    ):
+        if fixture in request.fixturenames:
+            plane = request.getfixturevalue(fixture)
+            if all(plane is not seen for seen, _ in planes):
+                planes.append((plane, paths))
     before = [cluster_objects(plane, paths) for plane, paths in planes]
     yield
     left = [
@@ -75,6 +82,16 @@ def controller(control_plane: Any, kube_namespace: str) -> Callable[..., Any]:
         )
 
     return start
+
+
+@pytest.fixture
+async def breakable_kube(breakable_plane: Any) -> AsyncIterator[Kube]:
+    """``kube`` on ``breakable_plane``: for a test that kills or restarts the API server."""
+    k = await Kube.connect(breakable_plane.kubeconfig_path)
+    try:
+        yield k
+    finally:
+        await k.close()
 
 
 @pytest.fixture

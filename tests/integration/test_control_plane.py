@@ -216,16 +216,17 @@ async def test_job_controller_creates_gated_pods_and_scales_up(
 
 
 def test_apiserver_restart_keeps_state_in_etcd(
-    control_plane: LocalControlPlane, kube_namespace: str
+    breakable_plane: LocalControlPlane, breakable_namespace: str
 ) -> None:
-    path = f"/api/v1/namespaces/{kube_namespace}/configmaps"
+    plane = breakable_plane
+    path = f"/api/v1/namespaces/{breakable_namespace}/configmaps"
     body = {"metadata": {"name": "survivor"}, "data": {"k": "v"}}
-    status, created = control_plane.request("POST", path, body)
+    status, created = plane.request("POST", path, body)
     assert status == 201, created
-    control_plane.kill_apiserver()
+    plane.kill_apiserver()
     with pytest.raises(OSError):
-        control_plane.request("GET", "/readyz", timeout=2)
-    control_plane.start_apiserver()
-    status, read = control_plane.request("GET", f"{path}/survivor")
+        plane.request("GET", "/readyz", timeout=2)
+    plane.start_apiserver()
+    status, read = plane.request("GET", f"{path}/survivor")
     assert status == 200, read
     assert read["data"] == {"k": "v"}

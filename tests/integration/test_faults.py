@@ -34,9 +34,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
 
 async def test_apiserver_killed_and_restarted_mid_scale_up(
-    kube: Kube, kube_namespace: str, control_plane: Any
+    breakable_kube: Kube, breakable_namespace: str, breakable_plane: Any
 ) -> None:
-    ns = kube_namespace
+    kube, ns, plane = breakable_kube, breakable_namespace, breakable_plane
     job, sel = await make_job(kube, ns, "restart", 3)
     await create_workload(kube, job, "job-restart-a", {"main": 3})
     await admit(kube, ns, "job-restart-a", {"main": 3})
@@ -45,7 +45,7 @@ async def test_apiserver_killed_and_restarted_mid_scale_up(
     )
     async with (
         monitoring(kube, ns, sel, cap=3) as mon,
-        running_controller(control_plane.kubeconfig_path, config),
+        running_controller(plane.kubeconfig_path, config),
     ):
         await eventually(lambda: equals(released_indexes(kube, ns, sel), [0, 1, 2]))
         await scale(kube, ns, "restart", 6)
@@ -58,9 +58,9 @@ async def test_apiserver_killed_and_restarted_mid_scale_up(
             replaces="job-restart-a",
             slice_name="job-restart-a",
         )
-        await anyio.to_thread.run_sync(control_plane.kill_apiserver)
+        await anyio.to_thread.run_sync(plane.kill_apiserver)
         await anyio.sleep(1.0)  # the controller's watches and requests fail meanwhile
-        await anyio.to_thread.run_sync(control_plane.start_apiserver)
+        await anyio.to_thread.run_sync(plane.start_apiserver)
         mon.cap = 6
         await admit(kube, ns, "job-restart-b", {"main": 6})
         await finish(kube, ns, "job-restart-a")

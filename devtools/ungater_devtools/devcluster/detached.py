@@ -3,7 +3,10 @@
 Unlike the test fixture, these processes outlive the Python process that started them.  Their
 pids, ports and command lines are recorded in ``<state_dir>/pids.json`` so that ``down`` (from
 another shell, later) can stop exactly them, and ``up`` can tell that the cluster is already
-running instead of starting a second one.
+running instead of starting a second one.  :func:`attach_dev_cluster` gives another process
+(a test session under ``$UNGATER_TEST_PLANES``) the running cluster as the
+:class:`~ungater_devtools.devcluster.environment.LocalControlPlane` that started it, made from
+the same record.
 """
 
 from __future__ import annotations
@@ -14,9 +17,20 @@ import shutil
 import ssl
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
-__all__ = ["default_state_dir", "dev_cluster_down", "dev_cluster_status", "dev_cluster_up"]
+if TYPE_CHECKING:
+    from ungater_devtools.devcluster.environment import AttachedControlPlane
+
+__all__ = [
+    "DevClusterNotRunning",
+    "attach_dev_cluster",
+    "default_state_dir",
+    "dev_cluster_down",
+    "dev_cluster_status",
+    "dev_cluster_up",
+]
 
 _PIDS = "pids.json"
 
@@ -62,19 +76,72 @@ def _readyz(state_dir: Path, record: dict[str, Any]) -> bool:
         return False
 
 
+def _alive(record: dict[str, Any]) -> list[str]:
+    """The names of the recorded processes that still run."""
+    procs = record.get("processes", {})
+    return [n for n, p in procs.items() if _is_our_process(int(p["pid"]), p["args"][0])]
+
+
+def _status(directory: Path, record: dict[str, Any] | None) -> str:
+    if record is None:
+        return "stopped"
+    alive = _alive(record)
+    if not alive:
+        return "stopped"
+    if len(alive) == len(record.get("processes", {})) and _readyz(directory, record):
+        return "running"
+    return "broken"
+
+
 def dev_cluster_status(state_dir: Path | None = None) -> str:
     """``running``, ``stopped`` or ``broken`` (some recorded process alive, API not ready)."""
     directory = state_dir or default_state_dir()
-    record = _read_record(directory)
+    return _status(directory, _read_record(directory))
+
+
+def _why_not_running(directory: Path, record: dict[str, Any] | None) -> str:
+    if not directory.is_dir():
+        return f"{directory} does not exist"
     if record is None:
-        return "stopped"
-    procs = record.get("processes", {})
-    alive = [n for n, p in procs.items() if _is_our_process(int(p["pid"]), p["args"][0])]
+        return f"no dev cluster recorded in {directory} (no {_PIDS})"
+    alive = _alive(record)
+    gone = [name for name in record.get("processes", {}) if name not in alive]
     if not alive:
-        return "stopped"
-    if len(alive) == len(procs) and _readyz(directory, record):
-        return "running"
-    return "broken"
+        return f"the dev cluster recorded in {directory} is not running"
+    if gone:
+        return f"the dev cluster in {directory} is half running (gone: {', '.join(gone)})"
+    return f"the API server of the dev cluster in {directory} is not ready"
+
+
+class DevClusterNotRunning(RuntimeError):
+    """:func:`attach_dev_cluster` found no running dev cluster; the message says what it found."""
+
+
+def attach_dev_cluster(state_dir: Path) -> AttachedControlPlane:
+    """The dev cluster running in ``state_dir`` (started by ``dev_cluster_up``, by any process),
+    as a :class:`~ungater_devtools.devcluster.environment.LocalControlPlane`: its ports, peers
+    and processes from ``pids.json``, its certificates, kubeconfigs and logs from the state
+    directory, so ``request``, ``make_user_kubeconfig``, ``install_crds``, ``pids``,
+    ``peers.kubeconfigs`` and the paths work as on the plane that started it.
+
+    The processes stay the starter's: ``stop()`` leaves them running, and ``kill_apiserver`` /
+    ``start_apiserver`` raise (another user of the cluster would see it break). Raises
+    :class:`DevClusterNotRunning` unless every recorded process runs and the API is ready."""
+    record = _read_record(state_dir)
+    if record is None or _status(state_dir, record) != "running":
+        raise DevClusterNotRunning(_why_not_running(state_dir, record))
+    from ungater_devtools.devcluster.environment import AttachedControlPlane
+
+    procs = record["processes"]
+    return AttachedControlPlane(
+        state_dir,
+        apiserver_port=int(record["apiserver_port"]),
+        etcd_port=urlsplit(str(record["etcd_url"])).port or 0,
+        processes={n: (int(p["pid"]), list(p["args"]), Path(p["log"])) for n, p in procs.items()},
+        alive=lambda: _alive(record),
+        peers=tuple(record.get("peers") or ()),
+        kueue_version=record.get("kueue_version"),
+    )
 
 
 def _usage(directory: Path, record: dict[str, Any], stop_command: str) -> str:
