@@ -66,7 +66,11 @@ def throughput_run(
         "cpu_per_1000_controller": cpu_ctl,
         "cpu_per_1000_baseline": cpu_raw,
         "cpu_per_1000_baseline_with_watch": _cpu(watching, "bench.raw"),
+        # nan, not a crash, when the raw loop's median is 0: /proc counts CPU in ticks, and a
+        # short window on busy cores can register none for a process that ran
         "cpu_ratio": (
-            cpu_ctl["median"] / cpu_raw["median"] if cpu_ctl["n"] and cpu_raw["n"] else math.nan
+            cpu_ctl["median"] / cpu_raw["median"]
+            if cpu_ctl["n"] and cpu_raw["n"] and cpu_raw["median"]
+            else math.nan
         ),
     }

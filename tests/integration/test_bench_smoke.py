@@ -21,12 +21,15 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240
 
 
-def _sane(summary: dict[str, Any], low: float, high: float) -> None:
+def _sane(summary: dict[str, Any], low: float, high: float, *, zero: bool = False) -> None:
+    """Finite, ordered, and within (low, high); ``zero`` lets a value be exactly 0 too: a CPU
+    figure of a quick window, which /proc's tick accounting can leave at nothing on busy cores
+    (pytest-xdist runs other tests beside this one)."""
     assert summary["n"] >= 1, summary
     for key in ("median", "p95", "min", "max"):
         value = summary[key]
         assert isinstance(value, int | float) and math.isfinite(value), summary
-        assert low < value < high, (key, summary)
+        assert low < value < high or (zero and value == 0), (key, summary)
     assert summary["min"] <= summary["median"] <= summary["p95"] <= summary["max"], summary
 
 
@@ -71,9 +74,12 @@ def test_quick_bench_run_reports_every_metric(control_plane: Any, tmp_path: Path
         for run in t["runs"]:
             assert 0 < run["ratio"] < 100
             assert run["spread_controller"] >= 0 and run["spread_baseline"] >= 0
-        _sane(t["cpu_per_1000_controller"], 0, 1000)  # CPU-s per 1000 released pods
-        _sane(t["cpu_per_1000_baseline"], 0, 1000)
-        assert 0 < t["cpu_ratio"] < 100
+        _sane(t["cpu_per_1000_controller"], 0, 1000, zero=True)  # CPU-s per 1000 released pods
+        _sane(t["cpu_per_1000_baseline"], 0, 1000, zero=True)
+        if t["cpu_per_1000_baseline"]["median"] and t["cpu_per_1000_controller"]["median"]:
+            assert 0 < t["cpu_ratio"] < 100
+        else:  # a median of no ticks at all: no ratio, and bench says so rather than crash
+            assert math.isnan(t["cpu_ratio"]) or t["cpu_ratio"] == 0
         _sane(m["freed_slot_latency"][config], 0, 30)
         _sane(m["arrival_latency"][config], 0, 30)
         _sane(m["scaleup_churn"][config]["total"], 0, 60)
@@ -90,7 +96,7 @@ def test_quick_bench_run_reports_every_metric(control_plane: Any, tmp_path: Path
     assert sc["raw"]["pods"] == sc["pods"]  # the raw loop released as many, all seen
     assert 0 < sc["raw"]["release_all_seconds"] < 120
     vs = sc["release_all_vs_raw"]
-    assert 0 < vs["ratio"] < 100 and 0 < vs["cpu_per_1000_raw"] < 1000
+    assert 0 < vs["ratio"] < 100 and 0 <= vs["cpu_per_1000_raw"] < 1000  # 0: see _sane
 
     rc = m["reconcile_cost"]
     for mode in ("releasing", "idle"):

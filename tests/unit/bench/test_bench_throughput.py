@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from bench.release import Release
@@ -33,3 +35,12 @@ def test_a_run_compares_the_controller_with_the_baseline() -> None:
     assert run["spread_baseline"] == 0
     assert run["cpu_per_1000_controller"]["median"] == pytest.approx(0.8)
     assert run["cpu_ratio"] == pytest.approx(0.8 / 0.5)
+
+
+def test_a_raw_loop_that_registered_no_cpu_gives_no_ratio_rather_than_a_crash() -> None:
+    # /proc counts CPU in ticks: a short window on busy cores can register none
+    ours = [rel(2.0, "controller", 0.4)]
+    theirs = [rel(2.0, "bench.raw", 0.0)]
+    run = throughput_run(ours, theirs, theirs)
+    assert run["cpu_per_1000_baseline"]["median"] == 0
+    assert math.isnan(run["cpu_ratio"])
