@@ -500,6 +500,26 @@ class SliceWatch:
             Gap(name, int(rv), None, f"ran out of its {WATCH_ROUNDS} watch rounds: it stopped")
         )
 
+    async def caught_up(self) -> bool:
+        """The record has reached a fresh list of the namespace's pods, Workloads and owners
+        (the three watches as the tests start them: ``pod``, ``workload``, ``owner``): each
+        listed object recorded at its resourceVersion or a newer one, and each recorded object
+        the list lacks newer than the list (created after it; one deleted before it must have
+        had its DELETED recorded). Poll it before stopping the watches, so that the record
+        ends with everything written up to now instead of whatever arrived in a fixed wait."""
+        for name, res in (("pod", PODS), ("workload", WORKLOADS), ("owner", self.owner_res)):
+            items, list_rv = await self.kube.client.list_objects(res, self.ns, "")
+            known = self._known.get(name, {})
+            listed = {o["metadata"]["uid"]: int(o["metadata"]["resourceVersion"]) for o in items}
+            for uid, rv in listed.items():
+                held = known.get(uid)
+                if held is None or int(held["metadata"]["resourceVersion"]) < rv:
+                    return False
+            for uid, obj in known.items():
+                if uid not in listed and int(obj["metadata"]["resourceVersion"]) <= int(list_rv):
+                    return False
+        return True
+
     # ------------------------------------------------------------------ replay
     def replay(self, gate: str = UNGATER_GATE) -> list[str]:
         """Replay every event in resourceVersion order; at each moment a pod lost ``gate``

@@ -1,6 +1,7 @@
 """Helpers of the integration tests: the controller in-process on the real API server (bare, or
-wired with metrics and Events as ``ungater run`` wires it), Kueue's part on Workloads played by
-hand, and the Events the controller wrote. Fixtures stay in conftest.py."""
+wired with metrics and Events as ``ungater run`` wires it, or with its patches logged),
+Kueue's part on Workloads played by hand, and the Events the controller wrote. Fixtures stay in
+conftest.py."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import anyio
 
 from tests.integration.k8s import Kube
 from tests.objects import WORKLOADS, condition
+from tests.polling import eventually
 from ungater._controller.controller import Controller
 from ungater._kube.adapter import connect
 from ungater._kube.client import Resource
@@ -80,6 +82,50 @@ async def observed_controller(kubeconfig: Any, config: Config) -> AsyncIterator[
                 await events.close(2.0)
     finally:
         await client.close()
+
+
+class PatchLog:
+    """The controller's client, wrapped (``running_controller(..., PatchLog().wrap)``): every
+    JSON patch the controller sends passes here, held ``delay`` seconds first if asked (so
+    that a real peer releasing the same pods gets there first). It keeps the name of each pod
+    a release patch (one removing a scheduling gate) was sent for, whatever the answer, and
+    counts the patches still waiting for theirs.
+
+    A reconcile awaits its patches, so once ``tests.seen.reconciled`` returns none of that
+    reconcile's is in flight; ``answered`` checks it rather than trusting it. After it, every
+    release the controller has sent shows on the API server, and a check there that nothing
+    more was released needs no fixed wait for a late one."""
+
+    _client: Any = None  # set by ``wrap``; read before that only through ``__getattr__``
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.released: list[str] = []  # pod names, in the order the releases were sent
+        self.in_flight = 0
+
+    def wrap(self, client: Any) -> PatchLog:
+        self._client = client
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def json_patch(self, res: Resource, ns: str | None, name: str, ops: Any) -> Any:
+        if any(op.get("op") == "remove" and "/schedulingGates/" in op["path"] for op in ops):
+            self.released.append(name)
+        self.in_flight += 1
+        try:
+            if self.delay:
+                await anyio.sleep(self.delay)
+            return await self._client.json_patch(res, ns, name, ops)
+        finally:
+            self.in_flight -= 1
+
+    async def answered(self, timeout: float = 30.0) -> None:
+        """Wait until every patch sent so far has had its answer (or failed)."""
+        await eventually(
+            lambda: self.in_flight == 0, timeout=timeout, what="an answer to every patch sent"
+        )
 
 
 # -- playing Kueue ---------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from tests.integration.realpeers import (
     kueue_pod_set,
     ray_cluster_spec,
 )
-from tests.integration.support import config_for, running_controller
+from tests.integration.support import PatchLog, config_for, running_controller
 from tests.objects import PODS, WORKLOADS, gates_of
 from tests.polling import eventually
 from tests.seen import cache_holds, owner_key, reconciled, waiting
@@ -135,7 +135,7 @@ async def cluster_watch(
         try:
             yield watch
         finally:
-            await anyio.sleep(0.5)
+            await eventually(watch.caught_up, timeout=30, what="the recorder caught up")
             tg.cancel_scope.cancel()
     for line in watch.replay(KUEUE_GATE):
         print(f"differential: Kueue over its cap: {line}")
@@ -270,7 +270,8 @@ async def test_a_pod_under_a_lookalike_raycluster_is_never_released(
     ones and stays gated while they go."""
     ns = kueue_namespace
     cfg = config_for(ns, gate=UNGATER_GATE, kinds=KINDS)
-    async with running_controller(kueue_cluster.kubeconfig_path, cfg) as ctl:
+    patches = PatchLog()
+    async with running_controller(kueue_cluster.kubeconfig_path, cfg, patches.wrap) as ctl:
         job = await kueue_kube.create(RAYJOBS, ns, ray_job("lookalike", 1))
         rc = await cluster_of(kueue_kube, ns, job)
         decoy_spec = {**cluster_spec(0), "suspend": True}
@@ -352,11 +353,13 @@ async def test_a_pod_under_a_lookalike_raycluster_is_never_released(
         )
         decision = await reconciled(ctl, owner_key(job), decided=True, timeout=30)
         assert "impostor" in waiting(decision), decision
-        await anyio.sleep(2.0)
+        await patches.answered()  # every release sent so far shows on the API server
         pod = await kueue_kube.get(PODS, ns, "impostor")
         assert pod is not None, "the garbage collector keeps it: its owner exists"
         assert UNGATER_GATE in gates_of(pod), "selected by label, refused by the UID chain"
         assert await released_real(), "the RayJob's own pods stay released"
+    # over the controller's whole run, up to its stop, not one release was sent for it
+    assert "impostor" not in patches.released, patches.released
 
 
 @pytest.mark.kueue_quota(cpu=6)

@@ -29,7 +29,7 @@ from tests.integration.realpeers import (
     gate_policy_in_force,
     is_live,
 )
-from tests.integration.support import config_for, running_controller
+from tests.integration.support import PatchLog, config_for, running_controller
 from tests.objects import JOBS, PODS, WORKLOADS, gates_of
 from tests.polling import eventually
 from tests.seen import cache_holds, owner_key, reconciled, waiting
@@ -67,10 +67,13 @@ async def seen_and_decided(ctl: Controller, kube: Kube, ns: str, job: dict[str, 
 
 
 async def steady(
-    ctl: Controller, kube: Kube, ns: str, job: dict[str, Any], want: list[int]
+    ctl: Controller, patches: PatchLog, kube: Kube, ns: str, job: dict[str, Any], want: list[int]
 ) -> None:
     """``want`` released; the controller has seen that and keeps every other live pod waiting
-    (with a reason), and a second later nobody (Kueue included) has released more."""
+    (with a reason), and once every patch it sent has its answer (each is held a second) none
+    has released more. Kueue's own tries are refused by the policy: a release of its getting
+    through would be a foreign release to the controller and, past the cap, a violation in
+    the replay, both checked over the whole run."""
     await eventually(
         lambda: _equal(released(kube, ns, job), want), timeout=60, what=f"released {want}"
     )
@@ -82,7 +85,7 @@ async def steady(
     }
     assert gated <= set(waiting(decision)), f"gated {sorted(gated)}, decided {decision}"
     assert await released(kube, ns, job) == want
-    await anyio.sleep(1.0)
+    await patches.answered()
     assert await released(kube, ns, job) == want
 
 
@@ -94,21 +97,6 @@ async def scale(kube: Kube, ns: str, n: int) -> None:
     await kube.merge_patch(JOBS, ns, "train", {"spec": {"parallelism": n, "completions": n}})
 
 
-class SlowPatches:
-    """Wraps the controller's client: every release patch waits, so the real Kueue, releasing
-    its own gate from every pod of the admitted slice, gets there first."""
-
-    def __init__(self, client: Any, delay: float) -> None:
-        self._client, self._delay = client, delay
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._client, name)
-
-    async def json_patch(self, res: Any, ns: str, name: str, ops: Any) -> Any:
-        await anyio.sleep(self._delay)
-        return await self._client.json_patch(res, ns, name, ops)
-
-
 @pytest.mark.kueue_quota(cpu=4)
 async def test_ungater_releases_kueues_gate_alone_under_the_policy(
     kueue_cluster: Any, kueue_kube: Kube, kueue_namespace: str, guarded: None
@@ -118,9 +106,8 @@ async def test_ungater_releases_kueues_gate_alone_under_the_policy(
     assert config.gate == KUEUE_GATE
     # ungater's patches wait a second, so Kueue always tries first (without the policy it
     # then wins: see the stand-down test below) and must be refused every time
-    async with running_controller(
-        kueue_cluster.kubeconfig_path, config, lambda c: SlowPatches(c, 1.0)
-    ) as ctl:
+    patches = PatchLog(delay=1.0)
+    async with running_controller(kueue_cluster.kubeconfig_path, config, patches.wrap) as ctl:
         await eventually(lambda: ctl.guard.status.get(KUEUE_GATE) is not None, timeout=30)
         assert ctl.guard.status[KUEUE_GATE].state == "guarded"
         job = await kueue_kube.create(JOBS, ns, queued_job("train", 2))
@@ -139,20 +126,22 @@ async def test_ungater_releases_kueues_gate_alone_under_the_policy(
         async with anyio.create_task_group() as tg:
             for res, name in ((PODS, "pod"), (WORKLOADS, "workload"), (JOBS, "owner")):
                 tg.start_soon(watch._watch, res, name)
-            await steady(ctl, kueue_kube, ns, job, [0, 1])
+            await steady(ctl, patches, kueue_kube, ns, job, [0, 1])
             await scale(kueue_kube, ns, 4)
-            await steady(ctl, kueue_kube, ns, job, [0, 1, 2, 3])
+            await steady(ctl, patches, kueue_kube, ns, job, [0, 1, 2, 3])
             # beyond the quota of 4 CPUs: the scale-up slice waits, so do the new pods
             await scale(kueue_kube, ns, 6)
             await eventually(lambda: pending_slice(kueue_kube, ns), timeout=30, what="pending")
             await eventually(lambda: _live_count(kueue_kube, ns, job, 6), timeout=30, what="6 pods")
-            await steady(ctl, kueue_kube, ns, job, [0, 1, 2, 3])
+            await steady(ctl, patches, kueue_kube, ns, job, [0, 1, 2, 3])
             await scale(kueue_kube, ns, 3)
             await eventually(
                 lambda: _released_count(kueue_kube, ns, job, 3), timeout=60, what="3 released"
             )
             await seen_and_decided(ctl, kueue_kube, ns, job)
-            await anyio.sleep(1.0)
+            await patches.answered()
+            # the record ends with everything written so far, the last releases included
+            await eventually(watch.caught_up, timeout=30, what="the recorder caught up")
             tg.cancel_scope.cancel()
         violations = watch.replay(KUEUE_GATE)
         assert not violations, violations
@@ -184,9 +173,8 @@ async def test_beside_the_real_kueue_without_the_policy_ungater_stands_down(
         kinds=[{"group": "batch", "kind": "Job"}],
         standDown={"foreignReleases": 2, "windowSeconds": 120},
     )
-    async with running_controller(
-        kueue_cluster.kubeconfig_path, config, lambda c: SlowPatches(c, 1.5)
-    ) as ctl:
+    patches = PatchLog(delay=1.5)
+    async with running_controller(kueue_cluster.kubeconfig_path, config, patches.wrap) as ctl:
         await eventually(lambda: ctl.guard.status.get(KUEUE_GATE) is not None, timeout=30)
         assert ctl.guard.status[KUEUE_GATE].state != "guarded"
         job = await kueue_kube.create(JOBS, ns, queued_job("train", 3))
@@ -206,7 +194,7 @@ async def test_beside_the_real_kueue_without_the_policy_ungater_stands_down(
         # the controller has seen Kueue's fourth release and audited after it
         await seen_and_decided(ctl, kueue_kube, ns, job)
         assert ctl.stats.released == patched, "a stood-down kind patches nothing"
-        await anyio.sleep(2.0)
+        await patches.answered()  # none sent before lands later (each is held 1.5 s)
         assert ctl.stats.released == patched, "a stood-down kind patches nothing"
         assert any("stood down" in line.lower() for line in ctl.status_lines()), ctl.status_lines()
     # loudly: an error line naming the gate, the kind and the other writer's pods
