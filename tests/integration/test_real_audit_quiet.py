@@ -31,7 +31,13 @@ from ungater_devtools.kueue_objects import queued_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
-BATCH = 1.0  # Kueue's UpdatesBatchPeriod: a pod event is acted on a second late
+# Kueue's UpdatesBatchPeriod, a timer of the real Kueue's own: its ElasticJobUngater queues a
+# Workload a second after its informer delivers a pod event (AddAfter). Where Kueue must be seen
+# to release nothing more, the test waits that timer out (plus a margin for the informer): a
+# reconcile that releases nothing writes nothing, and its log line ("Reconcile
+# ElasticJobUngater") does not say which pod events Kueue had seen by then, so no event, object
+# or log line can stand in for it.
+BATCH = 1.0
 
 
 async def kueues(kube: Kube, ns: str, job: dict[str, Any]) -> list[int]:
@@ -98,7 +104,7 @@ async def test_audit_finds_nothing_over_a_whole_story_beside_kueue_v0_19(
                 f"{step}: want {want} of {live}; pods "
                 + ", ".join(f"{index(p)} {gates_of(p)} {is_live(p)}" for p in pods)
             ) from None
-        await anyio.sleep(BATCH + 0.5)
+        await anyio.sleep(BATCH + 0.5)  # Kueue's timer: no signal says it looked and did nothing
         assert await _is(kube, ns, job, want, live), f"{step}: Kueue released more"
         report = await anyio.to_thread.run_sync(lambda: one_shot(kubeconfig, config_file, ns))
         assert report["owners"] == 1, report
@@ -149,7 +155,8 @@ async def test_audit_finds_nothing_over_a_whole_story_beside_kueue_v0_19(
             await eventually(lambda: _all_finished(kube, ns, uid), timeout=30, what="finished")
             report = await anyio.to_thread.run_sync(lambda: one_shot(kubeconfig, config_file, ns))
             assert report["findings"] == [], report
-            await anyio.sleep(0.5)
+            # the record ends with everything written so far (the replay below judges it)
+            await eventually(watch.caught_up, timeout=30, what="the recorder caught up")
             tg.cancel_scope.cancel()
         assert ctl.stats.released == 0, "audit mode patches nothing"
     for line in audits.raw:

@@ -31,13 +31,21 @@ from tests.integration.realpeers import KUEUE_GATE, UNGATER_GATE, is_live
 from tests.integration.support import config_for, observed_controller, running_controller
 from tests.objects import JOBS, gates_of
 from tests.polling import eventually
+from tests.seen import cache_holds, owner_key, reconciled, waiting
+from ungater._controller.controller import Controller
 from ungater._decide.findings import FOREIGN_GATES, OUT_OF_ORDER
 from ungater._model.config import Config
 from ungater_devtools.kueue_objects import queued_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
-BATCH = 1.0  # Kueue's UpdatesBatchPeriod: it acts on pod events a second late
+# Kueue's UpdatesBatchPeriod, a timer of the real Kueue's own: its ElasticJobUngater queues a
+# Workload a second after its informer delivers a pod event (AddAfter). Where Kueue must be seen
+# to release nothing more, the test waits that timer out (plus a margin for the informer): a
+# reconcile that releases nothing writes nothing, and its log line ("Reconcile
+# ElasticJobUngater") does not say which pod events Kueue had seen by then, so no event, object
+# or log line can stand in for it.
+BATCH = 1.0
 
 
 async def released(kube: Kube, ns: str, job: dict[str, Any], gate: str) -> list[int]:
@@ -51,6 +59,16 @@ async def both_are(kube: Kube, ns: str, job: dict[str, Any], ours: list[int], ku
         await released(kube, ns, job, UNGATER_GATE) == ours
         and len(await released(kube, ns, job, KUEUE_GATE)) == kueues
     )
+
+
+async def kept_waiting(ctl: Controller, kube: Kube, ns: str, job: dict[str, Any]) -> None:
+    """ungater has the Job's live pods as they are now, and a decision it made after that keeps
+    each one still carrying its gate waiting: it saw them and chose to release nothing more."""
+    pods = [p for p in await pods_of(kube, ns, job) if is_live(p)]
+    await eventually(lambda: cache_holds(ctl, "pods", pods), timeout=30, what="pods cached")
+    decision = await reconciled(ctl, owner_key(job), decided=True, timeout=30)
+    gated = {p["metadata"]["name"] for p in pods if UNGATER_GATE in gates_of(p)}
+    assert gated <= set(waiting(decision)), f"gated {sorted(gated)}, decided {decision}"
 
 
 def audit_config(ns: str) -> Config:
@@ -96,7 +114,8 @@ async def test_one_free_slot_ungater_takes_the_lowest_index_kueue_the_lowest_nam
             await eventually(lambda: pending_slice(kube, ns), timeout=30, what="pending slice")
             await eventually(lambda: _live(kube, ns, job, 13), timeout=30, what="13 pods")
             await w.settle("scaled to 13, beyond the quota", expect={"main": 7})
-            await anyio.sleep(BATCH + 0.5)  # Kueue had its batch to act on the new pods
+            await kept_waiting(ctl, kube, ns, job)
+            await anyio.sleep(BATCH + 0.5)  # Kueue's timer: it had its batch on the new pods
             assert await released(kube, ns, job, KUEUE_GATE) == list(range(7))
             assert await released(kube, ns, job, UNGATER_GATE) == list(range(7))
 
@@ -120,7 +139,9 @@ async def test_one_free_slot_ungater_takes_the_lowest_index_kueue_the_lowest_nam
             # Kueue's pick is the gated pod first in name order, which is not the first index
             assert gated[pick] == min(gated.values()), (pick, gated)
             assert pick == 10, f"Kueue released index {pick} ({gated[pick]})"
-            # and neither releaser adds more once its batch has passed
+            # and neither releaser adds more: ungater decided so on what it saw, Kueue once
+            # its batch has passed (its timer, BATCH)
+            await kept_waiting(ctl, kube, ns, job)
             await anyio.sleep(BATCH + 0.5)
             assert await released(kube, ns, job, UNGATER_GATE) == list(range(1, 8))
             assert await released(kube, ns, job, KUEUE_GATE) == [1, 2, 3, 4, 5, 6, 10]
