@@ -21,6 +21,25 @@ def _records(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
 
 
+def _said(log: Path, start: str) -> bool:
+    """A whole line (the last one may be half written) logged a message starting so."""
+    lines = log.read_text().split("\n")[:-1]
+    return any(line.startswith("{") and json.loads(line)["msg"].startswith(start) for line in lines)
+
+
+def _renewed(control_plane: Any, ns: str) -> bool:
+    """The Lease in ``ns`` has been renewed since it was acquired (the leader's periodic
+    write, every ``retryPeriodSeconds``)."""
+    status, body = control_plane.request(
+        "GET", f"/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+    )
+    assert status == 200, body
+    return any(
+        lease["spec"].get("renewTime") not in (None, lease["spec"].get("acquireTime"))
+        for lease in body["items"]
+    )
+
+
 def test_a_clean_run_announces_its_endpoints_once_and_stops_without_a_warning(
     control_plane: Any, kube_namespace: str, tmp_path: Path
 ) -> None:
@@ -43,7 +62,16 @@ def test_a_clean_run_announces_its_endpoints_once_and_stops_without_a_warning(
                 break
             time.sleep(0.2)
         assert proc.poll() is None, log.read_text()
-        time.sleep(3)  # settled: leader, caches synced, a few resyncs' worth of quiet
+        # settled: caches synced, leading, and the Lease renewed once (its periodic work ran)
+        deadline = time.monotonic() + 30
+        while not (
+            _said(log, "caches synced")
+            and _said(log, "leading (term 1)")
+            and _renewed(control_plane, kube_namespace)
+        ):
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"not settled after 30 s:\n{log.read_text()}"
+            time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=20)
     finally:
