@@ -9,6 +9,8 @@ and the API server finishes that deletion in the background.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 __all__ = ["CLUSTER_SCOPED", "KUEUE_SCOPED", "cluster_objects", "leaks"]
@@ -32,6 +34,9 @@ KUEUE_SCOPED = (
     "/apis/kueue.x-k8s.io/v1beta2/workloadpriorityclasses",
 )
 
+RETRIES = 150
+RETRY_S = 0.2
+
 #: Names only: a CRD list in full is megabytes of schema.
 _METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 
@@ -42,11 +47,24 @@ class Plane(Protocol):
     ) -> tuple[int, Any]: ...
 
 
-def cluster_objects(plane: Plane, paths: tuple[str, ...]) -> set[str]:
+def _list(plane: Plane, path: str, sleep: Callable[[float], None]) -> tuple[int, Any]:
+    """One list, asked again while the server answers 429: a CRD's storage is still
+    initializing for a while after the plane started (``RETRIES`` times, ``RETRY_S`` apart)."""
+    for _ in range(RETRIES):
+        status, body = plane.request("GET", path, accept=_METADATA_ONLY)
+        if status != 429:
+            break
+        sleep(RETRY_S)
+    return status, body
+
+
+def cluster_objects(
+    plane: Plane, paths: tuple[str, ...], sleep: Callable[[float], None] = time.sleep
+) -> set[str]:
     """``path/name`` of every object of ``paths`` that is not being deleted."""
     found: set[str] = set()
     for path in paths:
-        status, body = plane.request("GET", path, accept=_METADATA_ONLY)
+        status, body = _list(plane, path, sleep)
         if status == 404:  # the kind is not served on this plane (e.g. no Kueue CRDs)
             continue
         if status != 200:

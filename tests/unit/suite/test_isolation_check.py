@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.isolation import CLUSTER_SCOPED, cluster_objects, leaks
+from tests.integration.isolation import CLUSTER_SCOPED, RETRIES, cluster_objects, leaks
 
 CONFTEST = Path(__file__).parents[2] / "integration" / "conftest.py"
 
@@ -120,3 +120,31 @@ def test_cluster_objects_fails_on_an_error_rather_than_seeing_nothing() -> None:
 
     with pytest.raises(RuntimeError, match="HTTP 403"):
         cluster_objects(Refusing({}), CLUSTER_SCOPED)
+
+
+def test_cluster_objects_asks_again_while_a_kinds_storage_is_initializing() -> None:
+    class Initializing(ListOnly):
+        def __init__(self) -> None:
+            super().__init__({CLUSTER_SCOPED[1]: [{"name": "a"}]})
+            self.refusals = 3
+
+        def request(self, method: str, path: str, body: object = None, *, accept: str = ""):
+            if path == CLUSTER_SCOPED[1] and self.refusals:
+                self.refusals -= 1
+                return 429, {"message": "storage is (re)initializing"}
+            return super().request(method, path, body, accept=accept)
+
+    slept: list[float] = []
+    assert cluster_objects(Initializing(), CLUSTER_SCOPED, slept.append) == {"clusterroles/a"}
+    assert len(slept) == 3
+
+
+def test_cluster_objects_gives_up_on_a_429_that_never_ends() -> None:
+    class Always(ListOnly):
+        def request(self, method: str, path: str, body: object = None, *, accept: str = ""):
+            return 429, {"message": "storage is (re)initializing"}
+
+    slept: list[float] = []
+    with pytest.raises(RuntimeError, match="HTTP 429"):
+        cluster_objects(Always({}), CLUSTER_SCOPED, slept.append)
+    assert len(slept) == RETRIES
