@@ -6,6 +6,7 @@ client for the chart tests (helpers in deploy.py), and the hook that marks every
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,16 @@ def leaves_no_cluster_objects(request: pytest.FixtureRequest) -> Iterator[None]:
         pytest.fail("the test left cluster-scoped objects behind:\n" + "\n".join(left))
 
 
+@asynccontextmanager
+async def _connected(plane: Any) -> AsyncIterator[Kube]:
+    """An admin client on ``plane``, closed when the block ends."""
+    k = await Kube.connect(plane.kubeconfig_path)
+    try:
+        yield k
+    finally:
+        await k.close()
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
@@ -67,11 +78,8 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 async def kube(control_plane: Any) -> AsyncIterator[Kube]:
-    k = await Kube.connect(control_plane.kubeconfig_path)
-    try:
+    async with _connected(control_plane) as k:
         yield k
-    finally:
-        await k.close()
 
 
 @pytest.fixture
@@ -87,21 +95,15 @@ def controller(control_plane: Any, kube_namespace: str) -> Callable[..., Any]:
 @pytest.fixture
 async def breakable_kube(breakable_plane: Any) -> AsyncIterator[Kube]:
     """``kube`` on ``breakable_plane``: for a test that kills or restarts the API server."""
-    k = await Kube.connect(breakable_plane.kubeconfig_path)
-    try:
+    async with _connected(breakable_plane) as k:
         yield k
-    finally:
-        await k.close()
 
 
 @pytest.fixture
 async def kueue_kube(kueue_cluster: Any) -> AsyncIterator[Kube]:
     """An admin client on the control plane that runs the real Kueue, KubeRay and JobSet."""
-    k = await Kube.connect(kueue_cluster.kubeconfig_path)
-    try:
+    async with _connected(kueue_cluster) as k:
         yield k
-    finally:
-        await k.close()
 
 
 @pytest.fixture(scope="module")
