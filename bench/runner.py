@@ -173,19 +173,21 @@ async def _throughput(
             spies[who] = PySpy(opts.py_spy, opts.workdir / f"profile-{who}-{label}.txt")
     pids = {**opts.plane_pids, "controller": proc.pid}
     ctl_spy = (spies["controller"], proc.pid) if spies else None
-    for _ in range(opts.runs):
-        mark = (len(ours), len(theirs), len(watching))
-        for _ in range(s.latency_repeats[pods]):
-            ours.extend(await release.release_latency(bed, pods, 1, pids, ctl_spy))
-            theirs.append(
-                await release.baseline_release(
-                    raw, pods, qps, burst, pids=pids, profile=spies.get("raw")
+    async with (  # each baseline one process over every sample: its pool as warm as ours
+        release.raw_process(raw, qps, burst) as plain,
+        release.raw_process(raw, qps, burst, watch=True) as watcher,
+    ):
+        for _ in range(opts.runs):
+            mark = (len(ours), len(theirs), len(watching))
+            for _ in range(s.latency_repeats[pods]):
+                ours.extend(await release.release_latency(bed, pods, 1, pids, ctl_spy))
+                theirs.append(
+                    await release.baseline_release(
+                        raw, plain, pods, pids=pids, profile=spies.get("raw")
+                    )
                 )
-            )
-            watching.append(
-                await release.baseline_release(raw, pods, qps, burst, pids=pids, watch=True)
-            )
-        runs.append(throughput_run(ours[mark[0] :], theirs[mark[1] :], watching[mark[2] :]))
+                watching.append(await release.baseline_release(raw, watcher, pods, pids=pids))
+            runs.append(throughput_run(ours[mark[0] :], theirs[mark[1] :], watching[mark[2] :]))
     out: dict[str, Any] = {
         "pods": pods,
         "qps": qps,

@@ -27,7 +27,7 @@ from bench.controller_proc import ControllerProcess
 from bench.creator import populate
 from bench.machine import CpuMeter
 from bench.objects import BENCH_LABEL
-from bench.release import finished, go, raw_process
+from bench.release import raw_process
 from bench.throughput import cpu_seconds_per_1000
 
 __all__ = ["release_all_comparison", "scale"]
@@ -144,20 +144,18 @@ async def _raw_release_all(
     total = len(uids)
     selector = f"{BENCH_LABEL}={bed.run}"
     qps, burst = limits
-    async with raw_process(bed, selector, qps, burst, list_timeout=60 + total / 500) as (
-        proc,
-        out,
-    ):
+    async with raw_process(bed, qps, burst) as proc:
+        await proc.ready(selector, timeout=60 + total / 500)
         await anyio.sleep(min(settle_seconds(total), _SETTLE_MAX_S))
         meter = CpuMeter({**plane_pids, "bench.raw": proc.pid, "harness": os.getpid()})
         meter.start()
         async with anyio.create_task_group() as tg:
-            t0 = await go(proc, out)
+            t0 = await proc.go()
             tg.start_soon(bounded_gather, _admissions(bed, jobs, pods_each), 32)
             left = max(_deadline(t0, total) - time.monotonic(), 1.0)
             last = await bed.observer.released(uids, timeout=left)
         cpu = meter.stop()
-        reported = await finished(out)
+        reported = await proc.finished()
     result: dict[str, Any] = {
         "pods": total,
         "qps": qps,
