@@ -236,6 +236,7 @@ async def _burst(
     for label, gate in GATES.items():  # from the quota change to the last removal
         done = [q.removed_at[gate] for q in pods if gate in q.removed_at]
         out[f"all_released_{label}_s"] = max(done) - t0 if len(done) == len(pods) else None
+        out[f"still_gated_{label}"] = len(pods) - len(done)  # said when the above is None
     return out
 
 

@@ -1,10 +1,12 @@
 """The results-table rows of the side-by-side Kueue benchmark (bench/kueue.py).
 
-Per case: Kueue's gate and ungater's at median and p95, their ratio, stalls; per story the
-releases past the cap of each gate; the index each released first in a partial wave. The
-config column names the Kueue that ran. Goals (issue 25): ungater ahead of Kueue at the median
-and at p95 on every case, no stall and no release past the cap; verdicts only where a case has
-5 samples or more per gate.
+Per case: Kueue's gate and ungater's at median and p95, their ratio, stalls, missing samples
+(triggers that gave no sample and no stall); per story the releases past the cap of each gate;
+the index each released first in a partial wave; the burst's totals, or how many of its pods
+kept a gate. The config column names the Kueue that ran. Goals (issue 25): ungater ahead of
+Kueue at the median and at p95 on every case, no stall, no missing sample and no release past
+the cap; verdicts only where a case has 5 samples or more per gate. A run that timed one gate
+only gets its rows, without a ratio.
 """
 
 from __future__ import annotations
@@ -54,14 +56,24 @@ def _label(case: str, k: dict[str, Any]) -> str:
     return label
 
 
-def kueue_rows(k: dict[str, Any]) -> list[dict[str, Any]]:
-    config = f"Kueue {k.get('kueue_version', '?')}"
+def _gate(who: str) -> str:
+    return "Kueue's gate" if who == "kueue" else f"{who}'s gate"
+
+
+def _count(metric: str, config: str, n: int, who: str) -> dict[str, Any]:
+    """A count whose goal is 0, judged for ungater alone (Kueue's is reported)."""
+    ok = n == 0 if who == "ungater" else None
+    return _row(metric, config, summarize([n], "count"), "0", ok)
+
+
+def _case_rows(label: str, config: str, c: dict[str, Any]) -> list[dict[str, Any]]:
+    """A case's rows for each gate it timed (one or both) and, where both ran, their ratio."""
     rows: list[dict[str, Any]] = []
-    for case, c in k["cases"].items():
-        label = _label(case, k)
+    timed = list(c["stalls"])  # the labels of the gates timed, in order
+    for who in timed:
+        rows.append(_row(f"{label}: {_gate(who)}", config, c[who]))
+    if "kueue" in timed and "ungater" in timed:
         judged = min(c["kueue"]["n"], c["ungater"]["n"]) >= 5
-        rows.append(_row(f"{label}: Kueue's gate", config, c["kueue"]))
-        rows.append(_row(f"{label}: ungater's gate", config, c["ungater"]))
         med, p95 = c.get("ratio_median", math.nan), c.get("ratio_p95", math.nan)
         ok = med > 1 if judged and not math.isnan(med) else None
         rows.append(
@@ -69,21 +81,49 @@ def kueue_rows(k: dict[str, Any]) -> list[dict[str, Any]]:
         )
         ok = p95 > 1 if judged and not math.isnan(p95) else None
         rows.append(_row(f"{label}: ratio at p95", config, summarize([p95], "ratio"), "> 1", ok))
-        for who in ("kueue", "ungater"):
-            n = c["stalls"][who]
-            ok = n == 0 if who == "ungater" else None
-            rows.append(_row(f"{label}: stalls ({who})", config, summarize([n], "count"), "0", ok))
+    for who in timed:
+        rows.append(_count(f"{label}: stalls ({who})", config, c["stalls"][who], who))
+    for who in timed:  # triggers that gave no sample and no stall: counted, never dropped
+        if who in c.get("missing", {}):
+            n = c["missing"][who]
+            rows.append(_count(f"{label}: missing samples ({who})", config, n, who))
+    return rows
+
+
+def _burst_released_rows(config: str, totals: dict[str, Any]) -> list[dict[str, Any]]:
+    """From the quota change to the last removal, per gate; or how many pods kept the gate."""
+    rows: list[dict[str, Any]] = []
+    for key, t in totals.items():
+        if not (key.startswith("all_released_") and key.endswith("_s")):
+            continue
+        who = key.removeprefix("all_released_").removesuffix("_s")
+        metric = f"burst: quota raised to all released ({who}'s gate)"
+        if t is not None:
+            rows.append(_row(metric, config, summarize([t], "s")))
+            continue
+        gated = totals.get(f"still_gated_{who}")
+        said = "not all released" if gated is None else f"{gated} pods still gated"
+        ok = False if who == "ungater" else None
+        rows.append(_row(f"{metric}: {said}", config, summarize([], "s"), "all released", ok))
+    return rows
+
+
+def kueue_rows(k: dict[str, Any]) -> list[dict[str, Any]]:
+    config = f"Kueue {k.get('kueue_version', '?')}"
+    rows: list[dict[str, Any]] = []
+    labels: dict[str, None] = {}  # the gates timed in this run, in order (one or both)
+    for case, c in k["cases"].items():
+        rows.extend(_case_rows(_label(case, k), config, c))
+        labels |= dict.fromkeys(c["stalls"])
     for story, found in k.get("over_cap", {}).items():
-        for who in ("kueue", "ungater"):
-            n = found[who]["count"]
-            ok = n == 0 if who == "ungater" else None
+        for who, oc in found.items():
             metric = f"{story}: releases past the cap ({who}'s gate)"
-            rows.append(_row(metric, config, summarize([n], "count"), "0", ok))
+            rows.append(_count(metric, config, oc["count"], who))
     waves = k.get("order", {}).get("freed_pending", [])
     if waves:
         gated = waves[0]["gated"]
         span = f"{min(gated)}..{max(gated)}" if gated else "-"
-        for who in ("kueue", "ungater"):
+        for who in [w for w in labels or ("kueue", "ungater") if any(w in v for v in waves)]:
             went = [w.get(who) for w in waves]
             shown = " ".join("-" if i is None else str(i) for i in went)
             metric = f"partial wave, gated {span}, one slot: index released ({who}): {shown}"
@@ -95,14 +135,5 @@ def kueue_rows(k: dict[str, Any]) -> list[dict[str, Any]]:
         if t is not None:
             metric = f"burst: quota raised to the {what[:-2].replace('_', ' ')}"
             rows.append(_row(metric, config, summarize([t], "s")))
-    for who in ("kueue", "ungater"):
-        t = totals.get(f"all_released_{who}_s")
-        if t is not None:
-            rows.append(
-                _row(
-                    f"burst: quota raised to all released ({who}'s gate)",
-                    config,
-                    summarize([t], "s"),
-                )
-            )
+    rows.extend(_burst_released_rows(config, totals))
     return rows

@@ -5,7 +5,10 @@ Succeeded or deletion seen) and its own creation seen (the real Job controller c
 after the trigger at times). A sample is the worst wait among the pods one trigger made
 releasable ("the last gate removal"), or, when the trigger frees one slot only, the wait until
 the first of the candidates lost the gate. A pod gated longer than ``stall_s`` while releasable
-is a stall, and its wait is no sample.
+is a stall, and its wait is no sample. A trigger that gives no sample for any other reason (no
+pod carried the gate) is a missing sample: counted per gate, never dropped unsaid.
+
+The gates may be any labels, one or more; the ratio Kueue / ungater is given where both ran.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ class Waits:
     stall_s: float = 30.0
     samples: dict[str, list[float]] = field(default_factory=dict)
     stalls: dict[str, int] = field(default_factory=dict)
+    missing: dict[str, int] = field(default_factory=dict)  # triggers without a sample, no stall
 
     def __post_init__(self) -> None:
         for label in self.gates:
             self.samples.setdefault(label, [])
             self.stalls.setdefault(label, 0)
+            self.missing.setdefault(label, 0)
 
     async def record(
         self,
@@ -74,20 +79,23 @@ class Waits:
         got = [w for w in waits if w is not None]
         if first_only:
             wait = min(got) if got else None
-            late = wait is None or wait > self.stall_s
-            self.stalls[label] += int(late)
+            stalled = int(bool(waits) and (wait is None or wait > self.stall_s))
         else:
             wait = max(got) if got and len(got) == len(waits) else None
-            self.stalls[label] += sum(1 for w in waits if w is None or w > self.stall_s)
-            late = wait is None or wait > self.stall_s
-        if not late and wait is not None:
+            stalled = sum(1 for w in waits if w is None or w > self.stall_s)
+        self.stalls[label] += stalled
+        if wait is not None and wait <= self.stall_s:
             self.samples[label].append(wait)
+        elif not stalled:  # no sample, and no stall to say why (no pod carried the gate)
+            self.missing[label] += 1
         return wait
 
     def summary(self) -> dict[str, Any]:
-        """Median, p95 per gate; the ratio Kueue / ungater of each; stalls per gate."""
+        """Median, p95 per gate; the ratio Kueue / ungater of each (where both ran); stalls and
+        missing samples per gate."""
         out: dict[str, Any] = {label: summarize(s, "s") for label, s in self.samples.items()}
         out["stalls"] = dict(self.stalls)
+        out["missing"] = dict(self.missing)
         k, u = out.get("kueue"), out.get("ungater")
         if k and u and k["n"] and u["n"]:
             out["ratio_median"] = k["median"] / u["median"] if u["median"] else float("nan")

@@ -113,9 +113,10 @@ def _latency_summary(samples: list[release.Release]) -> dict[str, Any]:
 
 
 def _cpu_summary(samples: list[release.Release]) -> dict[str, float]:
-    """Mean cores used per process over the timed intervals."""
+    """Mean cores used per process over the timed intervals that have a reading of it (a
+    window without one, the process gone, is not an idle one)."""
     names = sorted({k for r in samples for k in r.cpu})
-    return {n: round(statistics.mean(r.cpu.get(n, 0.0) for r in samples), 3) for n in names}
+    return {n: round(statistics.mean(r.cpu[n] for r in samples if n in r.cpu), 3) for n in names}
 
 
 async def _measure(

@@ -3,7 +3,8 @@
 Wall-clock ratios swing on a shared machine; CPU per release does not, so each run reports
 both: medians and their ratio, the spread of each side's repeats ((max - min) / median), and
 the CPU seconds each process spent per 1000 released pods in its timed windows
-(``/proc/PID/stat`` utime + stime, from :class:`bench.machine.CpuMeter`).
+(``/proc/PID/stat`` utime + stime, from :class:`bench.machine.CpuMeter`), with the number of
+windows that had no reading of the process (``missing``: it had exited, say).
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ def cpu_per_1000(r: Release, process: str) -> float | None:
 
 def _cpu(samples: Sequence[Release], process: str) -> dict[str, Any]:
     values = [v for r in samples if (v := cpu_per_1000(r, process)) is not None]
-    return summarize(values, "CPU-s")
+    out = summarize(values, "CPU-s")
+    out["missing"] = len(samples) - len(values)  # windows without a reading: counted, not lost
+    return out
 
 
 def throughput_run(

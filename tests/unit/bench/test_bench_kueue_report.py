@@ -73,3 +73,53 @@ def test_the_burst_totals_say_when_the_last_pod_came() -> None:
     rows = by_metric(kueue_rows(result([0.2] * 5, [0.1] * 5)))
     assert rows["burst: quota raised to the last pod created"]["median"] == 40.0
     assert rows["burst: quota raised to all released (ungater's gate)"]["median"] == 41.7
+
+
+LABEL = "shrunk slice admitted, last release (4 -> 12 -> 8)"
+
+
+def test_missing_samples_are_a_row_per_gate_judged_for_ungater() -> None:
+    k = result([0.2] * 5, [0.1] * 5)
+    k["cases"]["shrink"]["missing"] = {"kueue": 2, "ungater": 1}
+    rows = by_metric(kueue_rows(k))
+    kueue = rows[f"{LABEL}: missing samples (kueue)"]
+    ours = rows[f"{LABEL}: missing samples (ungater)"]
+    assert (kueue["median"], kueue["goal"], kueue["status"]) == (2, "0", "-")
+    assert (ours["median"], ours["goal"], ours["status"]) == (1, "0", "MISS")
+    k["cases"]["shrink"]["missing"] = {"kueue": 0, "ungater": 0}
+    assert by_metric(kueue_rows(k))[f"{LABEL}: missing samples (ungater)"]["status"] == "pass"
+
+
+def test_a_run_that_timed_one_gate_gets_its_rows_without_a_ratio() -> None:
+    k = result([0.2] * 5, [0.1] * 5)
+    k["cases"]["shrink"] = {
+        "ungater": summarize([0.1] * 5, "s"),
+        "stalls": {"ungater": 0},
+        "missing": {"ungater": 0},
+    }
+    k["over_cap"] = {"shrink": {"ungater": {"count": 0}}}
+    k["order"] = {"freed_pending": [{"gated": [7, 8], "ungater": 7}]}
+    rows = by_metric(kueue_rows(k))
+    assert rows[f"{LABEL}: ungater's gate"]["n"] == 5
+    assert rows[f"{LABEL}: missing samples (ungater)"]["status"] == "pass"
+    assert "partial wave, gated 7..8, one slot: index released (ungater): 7" in rows
+    assert not [m for m in rows if "ratio" in m or "kueue)" in m or "kueue's" in m]
+
+
+def test_a_burst_not_all_released_is_a_row_saying_how_many_kept_the_gate() -> None:
+    k = result([0.2] * 5, [0.1] * 5)
+    k["burst_totals"] |= {
+        "all_released_kueue_s": None,
+        "still_gated_kueue": 4,
+        "all_released_ungater_s": None,
+        "still_gated_ungater": 3,
+    }
+    rows = by_metric(kueue_rows(k))
+    ours = rows["burst: quota raised to all released (ungater's gate): 3 pods still gated"]
+    assert (ours["n"], ours["status"]) == (0, "MISS")
+    kueue = rows["burst: quota raised to all released (kueue's gate): 4 pods still gated"]
+    assert kueue["status"] == "-"
+    del k["burst_totals"]["still_gated_ungater"]  # a result from before the count was kept
+    rows = by_metric(kueue_rows(k))
+    said = rows["burst: quota raised to all released (ungater's gate): not all released"]
+    assert said["status"] == "MISS"

@@ -95,3 +95,40 @@ async def test_a_pod_created_long_after_the_trigger_gets_its_full_stall_bound() 
     old = Bound()
     await w.record(old, lambda: [pod(now - 40)], now - 40)  # type: ignore[arg-type]
     assert old.timeouts[0] <= 1.0  # a pod releasable for 40 s already: no more waiting
+
+
+async def test_a_trigger_no_pod_carried_the_gate_for_is_a_missing_sample() -> None:
+    t0 = time.monotonic() - 40
+    w = Waits(GATES)
+    # the pods never carried Kueue's gate: no wait to take and nothing stalled, still counted
+    pods = [PodTrack("uid", "p", "owner", 0, t0, {GATES["ungater"]}, {GATES["ungater"]: t0 + 0.1})]
+    got = await record(w, pods, t0)
+    assert got == {"kueue": None, "ungater": pytest.approx(0.1)}
+    await record(w, pods, t0, first_only=True)  # nor in a freed-slot case: not a stall there
+    await record(w, [], t0)  # no releasable pod at all: missing for both
+    assert w.missing == {"kueue": 3, "ungater": 1}
+    assert w.stalls == {"kueue": 0, "ungater": 0}
+    s = w.summary()
+    assert s["missing"] == {"kueue": 3, "ungater": 1}
+    assert s["kueue"]["n"] == 0 and s["ungater"]["n"] == 2  # the case keeps its summary
+
+
+async def test_a_sample_with_a_stall_or_a_wait_is_not_also_missing() -> None:
+    t0 = time.monotonic() - 40
+    w = Waits(GATES, stall_s=30)
+    await record(w, [pod(t0, ungater=t0 + 0.2)], t0)  # Kueue's gate stayed: a stall
+    await record(w, [pod(t0 - 5), pod(t0 - 5)], t0, first_only=True)  # none went: a stall each
+    assert w.stalls == {"kueue": 2, "ungater": 1}
+    assert w.missing == {"kueue": 0, "ungater": 0}
+
+
+async def test_one_gate_alone_is_summarized_without_a_ratio() -> None:
+    t0 = time.monotonic() - 40
+    w = Waits({"ungater": GATES["ungater"]})
+    await record(w, [pod(t0, ungater=t0 + 0.1)], t0)
+    await record(w, [], t0)
+    s = w.summary()
+    assert s["ungater"]["n"] == 1
+    assert s["stalls"] == {"ungater": 0}
+    assert s["missing"] == {"ungater": 1}
+    assert "kueue" not in s and "ratio_median" not in s

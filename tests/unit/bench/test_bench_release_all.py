@@ -68,3 +68,19 @@ def test_the_table_shows_the_loop_beside_the_release_all() -> None:
     cpu = rows["release-all CPU per release ratio (controller / raw)"]
     assert cpu["median"] == pytest.approx(2.6668)
     assert cpu["config"] == "default"
+
+
+def test_a_raw_loop_that_could_not_run_is_a_missing_row_not_a_silence() -> None:
+    scale = {
+        "config": "default",
+        "pods": 10_000,
+        "workloads": 1_000,
+        "rss_synced_mb": summary(160, "MB"),
+        "rss_settled_mb": summary(160, "MB"),
+        "sync_seconds": summary(4, "s"),
+        "ready_seconds": summary(4, "s"),
+        "clean_error": "TimeoutError('pod observer: timed out')",
+    }
+    rows = {r["metric"]: r for r in table_rows({"scale": scale})}
+    row = rows["raw PATCH loop, same admissions: missing (namespace not emptied)"]
+    assert (row["median"], row["goal"], row["status"]) == (1, "0", "MISS")

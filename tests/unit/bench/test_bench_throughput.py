@@ -7,6 +7,8 @@ import math
 import pytest
 
 from bench.release import Release
+from bench.report import table_rows
+from bench.runner import _cpu_summary
 from bench.throughput import cpu_per_1000, spread, throughput_run
 
 
@@ -44,3 +46,22 @@ def test_a_raw_loop_that_registered_no_cpu_gives_no_ratio_rather_than_a_crash() 
     run = throughput_run(ours, theirs, theirs)
     assert run["cpu_per_1000_baseline"]["median"] == 0
     assert math.isnan(run["cpu_ratio"])
+
+
+def test_a_window_without_a_cpu_reading_is_counted_and_shown() -> None:
+    ours = [rel(2.0, "controller", 0.4), Release(1000, 2.0, 0.01, {"wall_seconds": 2.0})]
+    theirs = [rel(2.0, "bench.raw", 0.2)]
+    run = throughput_run(ours, theirs, theirs)
+    assert run["cpu_per_1000_controller"]["n"] == 1
+    assert run["cpu_per_1000_controller"]["missing"] == 1  # the controller had gone, say
+    assert run["cpu_per_1000_baseline"]["missing"] == 0
+    t = {"pods": 1000, **run}
+    rows = {r["metric"]: r for r in table_rows({"throughput": {"raised": t}})}
+    row = rows["CPU per 1000 released: controller: windows without a reading"]
+    assert (row["median"], row["status"]) == (1, "MISS")
+    assert not [m for m in rows if "raw baseline: windows without" in m]
+
+
+def test_the_mean_cores_of_a_process_leave_out_the_windows_without_its_reading() -> None:
+    samples = [rel(2.0, "controller", 0.4), Release(1000, 2.0, 0.01, {"wall_seconds": 2.0})]
+    assert _cpu_summary(samples)["controller"] == pytest.approx(0.4)  # not (0.4 + 0) / 2
