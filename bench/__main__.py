@@ -21,6 +21,8 @@ from typing import Any
 
 import anyio
 
+from bench.doc_report import add_parser as add_report_parser
+from bench.doc_report import command as report_command
 from bench.kueue import kueue_side_by_side
 from bench.report import table_rows
 from bench.runner import PLAIN, SCENARIOS, Options, run_all
@@ -71,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
         "--workers", type=int, help="the controller's reconcile workers (default: its own)"
     )
     run.add_argument("--delete-namespaces", action="store_true")
+    add_report_parser(sub)
     return p
 
 
@@ -140,6 +143,8 @@ def _kueue_cluster(kubeconfig: Path | None, version: str | None) -> Iterator[tup
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "report":
+        return report_command(args)
     sizes = PRESETS[args.preset] if args.preset else QUICK if args.quick else FULL
     sizes = with_scale(sizes, args.scale_pods, args.scale_workloads)
     sizes = with_kueue_burst(sizes, args.kueue_burst)

@@ -8,12 +8,13 @@ a ``--quick`` run shows its numbers without verdicts on those.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from bench.kueue_report import kueue_rows
 from bench.stats import summarize
 
-__all__ = ["GOALS", "table_rows"]
+__all__ = ["GOALS", "SECTIONS", "table_rows"]
 
 GOALS = {
     "release_latency": "median < 0.3 s",
@@ -47,15 +48,20 @@ def _ratio(value: float) -> dict[str, Any]:
     return summarize([value], "ratio")
 
 
-def _cluster_rows(m: dict[str, Any]) -> list[Row]:
+def _latency_rows(by_config: dict[str, Any]) -> list[Row]:
     rows: list[Row] = []
-    for config, by_size in m.get("release_latency", {}).items():
+    for config, by_size in by_config.items():
         for size, s in by_size.items():
             at_goal = size == "100"
             ok = s["median"] < 0.3 if at_goal else None
             goal = GOALS["release_latency"] if at_goal else ""
             rows.append(_row(f"release latency, {size} pods", config, s, goal, ok))
-    for config, t in m.get("throughput", {}).items():
+    return rows
+
+
+def _throughput_rows(by_config: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for config, t in by_config.items():
         pods = t["pods"]
         rows.append(_row(f"throughput {pods} pods: controller", config, t["controller"]))
         rows.append(_row(f"throughput {pods} pods: raw baseline", config, t["baseline"]))
@@ -69,12 +75,26 @@ def _cluster_rows(m: dict[str, Any]) -> list[Row]:
             r = _ratio(t["ratio_to_baseline_with_watch"])
             rows.append(_row("throughput ratio to baseline + watch", config, r))
         rows.extend(_run_rows(config, t, judged=config == "raised" and pods >= 1000))
-    for config, s in m.get("freed_slot_latency", {}).items():
-        ok = s["median"] < 0.1
-        rows.append(_row("freed-slot latency", config, s, GOALS["freed_slot"], ok))
-    for config, s in m.get("arrival_latency", {}).items():
-        rows.append(_row("arrival latency", config, s, GOALS["arrival"], s["median"] < 0.1))
-    for config, c in m.get("scaleup_churn", {}).items():
+    return rows
+
+
+def _freed_rows(by_config: dict[str, Any]) -> list[Row]:
+    return [
+        _row("freed-slot latency", config, s, GOALS["freed_slot"], s["median"] < 0.1)
+        for config, s in by_config.items()
+    ]
+
+
+def _arrival_rows(by_config: dict[str, Any]) -> list[Row]:
+    return [
+        _row("arrival latency", config, s, GOALS["arrival"], s["median"] < 0.1)
+        for config, s in by_config.items()
+    ]
+
+
+def _churn_rows(by_config: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for config, c in by_config.items():
         label = f"scale-up churn, {c['workloads']} x {c['from']}->{c['to']}: all released"
         rows.append(_row(label, config, c["total"]))
         rows.append(_row("scale-up churn: per workload", config, c["per_workload"]))
@@ -195,12 +215,24 @@ def _reconcile_rows(rc: dict[str, Any]) -> list[Row]:
     return rows
 
 
+#: Per scenario of ``python -m bench run --only`` (bench/runner.py SCENARIOS): the key of its
+#: measurements in ``result["metrics"]`` and the function that makes its rows, in table order.
+SECTIONS: dict[str, tuple[str, Callable[[dict[str, Any]], list[Row]]]] = {
+    "latency": ("release_latency", _latency_rows),
+    "throughput": ("throughput", _throughput_rows),
+    "freed": ("freed_slot_latency", _freed_rows),
+    "arrival": ("arrival_latency", _arrival_rows),
+    "churn": ("scaleup_churn", _churn_rows),
+    "scale": ("scale", _scale_rows),
+    "reconcile": ("reconcile_cost", _reconcile_rows),
+    "kueue": ("kueue", kueue_rows),
+}
+
+
 def table_rows(m: dict[str, Any]) -> list[Row]:
-    rows = _cluster_rows(m)
-    if m.get("scale"):
-        rows.extend(_scale_rows(m["scale"]))
-    if m.get("reconcile_cost"):
-        rows.extend(_reconcile_rows(m["reconcile_cost"]))
-    if m.get("kueue"):
-        rows.extend(kueue_rows(m["kueue"]))
+    """The table's rows from a run's ``metrics``, each tagged ``"section"``: its scenario."""
+    rows: list[Row] = []
+    for section, (key, build) in SECTIONS.items():
+        if m.get(key):
+            rows.extend({**row, "section": section} for row in build(m[key]))
     return rows

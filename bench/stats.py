@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["percentile", "render_table", "summarize"]
+__all__ = ["HEADER", "cells", "percentile", "render_table", "summarize"]
 
 
 def percentile(samples: Sequence[float], q: float) -> float:
@@ -54,21 +54,26 @@ def _fmt(value: Any, unit: str) -> str:
     return f"{value:.2f}"
 
 
+HEADER = ("metric", "config", "median", "p95", "n", "goal", "status")
+
+
+def cells(r: dict[str, Any]) -> list[str]:
+    """One row's cells under :data:`HEADER`, values formatted with their unit."""
+    return [
+        str(r["metric"]),
+        str(r.get("config", "")),
+        _fmt(r.get("median"), r.get("unit", "")),
+        _fmt(r.get("p95"), r.get("unit", "")),
+        str(r.get("n", "")),
+        str(r.get("goal", "")),
+        str(r.get("status", "")),
+    ]
+
+
 def render_table(rows: Sequence[dict[str, Any]]) -> str:
     """Rows of ``{"metric", "config", "median", "p95", "unit", "goal", "status"}`` as text."""
-    header = ("metric", "config", "median", "p95", "n", "goal", "status")
-    lines = [
-        [
-            str(r["metric"]),
-            str(r.get("config", "")),
-            _fmt(r.get("median"), r.get("unit", "")),
-            _fmt(r.get("p95"), r.get("unit", "")),
-            str(r.get("n", "")),
-            str(r.get("goal", "")),
-            str(r.get("status", "")),
-        ]
-        for r in rows
-    ]
+    header = HEADER
+    lines = [cells(r) for r in rows]
     widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(header)]
     out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
     out.append("  ".join("-" * w for w in widths))
