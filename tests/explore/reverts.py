@@ -67,7 +67,7 @@ async def _resend_whatever_changed(self: Any, r: Any, unchanged: Any = None) -> 
 
 
 async def _release_all_checking_resends_only(
-    self: Any, releases: Any, rt: Any = None, unchanged: Any = lambda: True
+    self: Any, releases: Any, rt: Any = None, unchanged: Any = lambda: True, key: Any = None
 ) -> dict[str, str]:
     """Before: a release that waited for a patch slot was sent whatever the caches showed."""
     outcomes: dict[str, str] = {}

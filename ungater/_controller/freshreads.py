@@ -113,7 +113,11 @@ class FreshReads:
             if active is None or active.uid in read:
                 break
             read.add(active.uid)
+            if self.s.trace.on:
+                self.s.trace.point("read_start", key, what="slice", name=active.name)
             obj = await self.s.client.get(res, active.namespace, active.name)
+            if self.s.trace.on:
+                self.s.trace.point("read_end", key, what="slice", name=active.name)
             fresh = parse_workload(obj) if obj is not None else None
             if fresh is None or fresh.uid != active.uid:
                 self.s.workloads.on_change(active, None)  # gone, or another object now
@@ -134,7 +138,12 @@ class FreshReads:
         spec = rt.handler.spec.owner_resource
         assert spec is not None
         res = Resource(spec.group, spec.version, spec.plural, spec.kind)
+        trace, key = self.s.trace, OwnerKey(namespace, owner.uid)
+        if trace.on:
+            trace.point("read_start", key, what="owner", name=owner.name)
         obj = await self.s.client.get(res, namespace, owner.name)
+        if trace.on:
+            trace.point("read_end", key, what="owner", name=owner.name)
         if obj is None or (obj.get("metadata") or {}).get("uid") != owner.uid:
             return False
         view = self.s.parse_owner(rt, obj)
@@ -149,8 +158,13 @@ class FreshReads:
         spec = rt.handler.spec.select_via
         assert spec is not None
         res = Resource(spec.group, spec.version, spec.plural, spec.kind)
+        trace, key = self.s.trace, OwnerKey(namespace, owner.uid)
         for view in via_objects(rt.handler, owner, self.s.objects_controlled_by(owner.uid)):
+            if trace.on:
+                trace.point("read_start", key, what="via", name=view.name)
             obj = await self.s.client.get(res, namespace, view.name)
+            if trace.on:
+                trace.point("read_end", key, what="via", name=view.name)
             if obj is None or (obj.get("metadata") or {}).get("uid") != view.uid:
                 self.s.forget_object(view)
             else:
@@ -165,7 +179,11 @@ class FreshReads:
         cached: dict[str, PodView] = {}
         for selector in pod_selectors(rt.handler, owner, vias):
             text = selector_text(selector)
+            if s.trace.on:
+                s.trace.point("read_start", key, what="pods", name=text)
             items, _ = await s.client.list_objects(PODS, key.namespace, text)
+            if s.trace.on:
+                s.trace.point("read_end", key, what="pods", name=text, items=len(items))
             for obj in items:
                 try:
                     view = parse_pod(obj)

@@ -97,6 +97,8 @@ class EventHandlers:
     def on_workload(self, old: WorkloadView | None, new: WorkloadView | None) -> None:
         s = self.s
         s.workloads.on_change(old, new)
+        if s.trace.on:
+            _trace_workload(s, old, new)
         if new is not None and new.owner is not None and _admission_changed(old, new):
             s.releasable.room_made(OwnerKey(new.namespace, new.owner.uid))
         for wl in (old, new):
@@ -186,6 +188,8 @@ class EventHandlers:
             left = _live(old) and not _live(new)
             rv = resource_version_number(pod.resource_version)
             for key in keys:
+                if s.trace.on:
+                    s.trace.point("pod_event", key, pod=pod.uid, gone=new is None)
                 if freed:
                     s.releasable.room_made(key)
                 if freed or left:
@@ -193,6 +197,22 @@ class EventHandlers:
                 s.queue.add(key)
 
         return on_pod
+
+
+def _trace_workload(s: State, old: WorkloadView | None, new: WorkloadView | None) -> None:
+    """A Workload event, as each owner it concerns sees it (``logging.trace``)."""
+    keys = {OwnerKey(w.namespace, w.owner.uid) for w in (old, new) if w and w.owner}
+    wl = new or old
+    for key in keys:
+        assert wl is not None
+        s.trace.point(
+            "workload_event",
+            key,
+            workload=wl.name,
+            rv=wl.resource_version,
+            admitted=new is not None and new.condition_true(ADMITTED),
+            deleted=new is None,
+        )
 
 
 def _relevant_change(old: PodView, new: PodView) -> bool:

@@ -19,6 +19,7 @@ import anyio
 from ungater._controller.notices import Notices
 from ungater._controller.state import KindRuntime, State, resource_version_number
 from ungater._decide.decision import Release
+from ungater._decide.indexes import OwnerKey
 from ungater._decide.patches import release_patch, resend
 from ungater._decide.refusals import (
     BLOCKED,
@@ -65,12 +66,17 @@ class Patcher:
         releases: Sequence[Release],
         rt: KindRuntime | None = None,
         unchanged: Callable[[], bool] = lambda: True,
+        key: OwnerKey | None = None,
     ) -> dict[str, str]:
         """Patch every pod of ``releases`` (bounded concurrency); the outcome per pod UID.
         Each patch not yet sent is skipped once ``rt`` (the owner's kind) stops releasing; a
         patch is sent (and a refused one resent) only while ``unchanged()`` says the decision's
-        other inputs are as they were (the owner, its slices, no shrink since)."""
+        other inputs are as they were (the owner, its slices, no shrink since). ``key``, the
+        owner's, names the patches in the trace (``logging.trace``)."""
         outcomes: dict[str, str] = {}
+        trace = self.s.trace
+        if trace.on:
+            trace.point("release_all", key, pods=len(releases))
 
         async def one(r: Release) -> None:
             async with self._slots:
@@ -82,7 +88,11 @@ class Patcher:
                     if self.s.metrics is not None:
                         self.s.metrics.observe_patch(STALE)
                     return
+                if trace.on:
+                    trace.point("patch_sent", key, pod=r.pod.uid)
                 outcomes[r.pod.uid] = await self.release(r, unchanged)
+                if trace.on:
+                    trace.point("patch_answered", key, pod=r.pod.uid, outcome=outcomes[r.pod.uid])
 
         async with anyio.create_task_group() as tg:
             for r in releases:

@@ -13,6 +13,8 @@ from collections import deque
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
+from ungater._observe.trace import OFF, Tracer
+
 __all__ = ["QueueShutDown", "WorkQueue"]
 
 K = TypeVar("K", bound=Hashable)
@@ -23,7 +25,9 @@ class QueueShutDown(Exception):
 
 
 class WorkQueue(Generic[K]):
-    def __init__(self, base_delay: float = 0.05, max_delay: float = 60.0) -> None:
+    def __init__(
+        self, base_delay: float = 0.05, max_delay: float = 60.0, trace: Tracer = OFF
+    ) -> None:
         self.base_delay = base_delay
         self.max_delay = max_delay
         self._queue: deque[K] = deque()
@@ -35,6 +39,7 @@ class WorkQueue(Generic[K]):
         self._shutdown = False
         self.adds = 0
         self.retries = 0
+        self.trace = trace
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -52,6 +57,8 @@ class WorkQueue(Generic[K]):
         return key in self._dirty or key in self._processing
 
     def add(self, key: K) -> None:
+        if self.trace.on:
+            self.trace.point("enqueue", key, dup=key in self._dirty)
         if self._shutdown or key in self._dirty:
             return
         self.adds += 1
@@ -67,6 +74,8 @@ class WorkQueue(Generic[K]):
         if delay <= 0:
             self.add(key)
             return
+        if self.trace.on:
+            self.trace.point("enqueue", key, delay=delay)
         loop = asyncio.get_running_loop()
         existing = self._timers.get(key)
         if existing is not None:

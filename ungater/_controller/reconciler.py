@@ -1,7 +1,8 @@
 """One owner key to the patches it needs: expectations, then decide, then refresh the owner,
 then release.
 
-``Reconciler.reconcile`` is the whole path, read top to bottom. It never decides on a cache
+``Reconciler._reconcile`` is the whole path, read top to bottom (``reconcile`` adds the
+trace's start and end around it, ``logging.trace``). It never decides on a cache
 that has not seen its own writes (expectations, settled from the API server when they expire),
 refills no freed slot from an owner view that may predate a scale-down (a quorum read first),
 and in audit mode compares instead of patching. Patch requests and their outcomes are
@@ -67,6 +68,22 @@ class Reconciler:
 
     async def reconcile(self, key: OwnerKey) -> Decision | None:
         """Decide for one owner and release what the decision chose."""
+        trace = self.s.trace
+        if not trace.on:
+            return await self._reconcile(key)
+        trace.point("reconcile_start", key)
+        outcome = "cancelled"
+        try:
+            decision = await self._reconcile(key)
+            outcome = "none" if decision is None else "decided"
+            return decision
+        except Exception as exc:  # Changed, PatchesFailed, an API error: the worker's to handle
+            outcome = type(exc).__name__
+            raise
+        finally:
+            trace.point("reconcile_end", key, outcome=outcome)
+
+    async def _reconcile(self, key: OwnerKey) -> Decision | None:
         s = self.s
         s.stats.reconciles += 1
         slices = s.workloads.for_owner(key.uid)
@@ -122,6 +139,8 @@ class Reconciler:
                 slices = fresh
                 pods = await self.reads.read_pods(key, rt, owner) if unproven else None
                 decision = self._decide(key, rt, owner, slices, pods)
+        if s.trace.on:
+            s.trace.point("decided", key, releases=len(decision.releases))
         self.notices.stuck(key, decision)
         s.decisions[key] = decision
         if decision.releases:
@@ -277,7 +296,7 @@ class Reconciler:
         )
         basis = self._basis(key)
         outcomes = await self.patcher.release_all(  # none once rt audits
-            releases, rt, unchanged=lambda: self._basis(key) == basis
+            releases, rt, unchanged=lambda: self._basis(key) == basis, key=key
         )
         retry = False
         failed = 0

@@ -35,6 +35,7 @@ from ungater._observe.auditor import Auditor
 from ungater._observe.collector import WATCH_SERIES, ControllerSnapshot
 from ungater._observe.events import EventRecorder, InvolvedObject
 from ungater._observe.metrics import Metrics
+from ungater._observe.trace import Tracer
 from ungater._plugins.registry import KindHandler, PluginError
 
 __all__ = [
@@ -133,7 +134,8 @@ class State:
         self.controlled: dict[str, set[str]] = {}  # controller UID -> cached objects it controls
         self.owner_facts: dict[str, dict[str, Any]] = {}
         self.owner_errors: dict[str, str] = {}  # owner UID -> why its plugin cannot read it
-        self.queue: WorkQueue[OwnerKey] = WorkQueue()
+        self.trace = Tracer(config.logging.trace)  # each owner's path, when logging.trace
+        self.queue: WorkQueue[OwnerKey] = WorkQueue(trace=self.trace)
         # what we know of writes to our pods' gates, ours and others' (ungater._decide.ledger)
         self.ledger = Ledger(config.expectations_timeout_seconds, clock)
         self.decisions: dict[OwnerKey, Decision] = {}  # each owner's last decision

@@ -328,6 +328,10 @@ class ReleaseBlockedConfig(_Model):
 class LoggingConfig(_Model):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["text", "json"] = "text"
+    trace: bool = Field(
+        default=False,
+        description="One TRACE line per step of each owner's path (ungater._observe.trace).",
+    )
 
     @field_validator("level", mode="before")
     @classmethod
