@@ -23,9 +23,9 @@ import anyio
 
 from bench.doc_report import add_parser as add_report_parser
 from bench.doc_report import command as report_command
-from bench.kueue import kueue_side_by_side
+from bench.kueue_run import EACH_ALONE, HEAD_TO_HEAD, kueue_run
 from bench.report import table_rows
-from bench.runner import PLAIN, SCENARIOS, Options, run_all
+from bench.runner import KUEUE, PLAIN, SCENARIOS, Options, run_all
 from bench.sizes import FULL, PRESETS, QUICK, Sizes, with_kueue_burst, with_scale
 from bench.stats import render_table
 
@@ -73,6 +73,12 @@ def _parser() -> argparse.ArgumentParser:
         "--workers", type=int, help="the controller's reconcile workers (default: its own)"
     )
     run.add_argument("--delete-namespaces", action="store_true")
+    run.add_argument(
+        "--trace",
+        action="store_true",
+        help="for --only kueue: the controller traces each wave (event, decision, reads, "
+        "patches); its spans per case are reported",
+    )
     add_report_parser(sub)
     return p
 
@@ -169,22 +175,25 @@ def main(argv: list[str] | None = None) -> int:
     if only & PLAIN:
         with _cluster(args.kubeconfig) as kubeconfig:
             result = anyio.run(run_all, _options(args, kubeconfig, sizes, workdir, only & PLAIN))
-    if "kueue" in only:  # on a control plane of its own: the real Kueue must not see the rest
+    if only & KUEUE:  # on a control plane of its own: the real Kueue must not see the rest
         with _kueue_cluster(args.kueue_kubeconfig, args.kueue) as (kubeconfig, version):
-            print(f"side by side with Kueue {version}", file=sys.stderr, flush=True)
+            print(f"beside Kueue {version}", file=sys.stderr, flush=True)
             if result is None:  # the run's metadata, from this cluster
                 result = anyio.run(run_all, _options(args, kubeconfig, sizes, workdir, frozenset()))
-            run = time.strftime("%H%M%S")
-            kueue = anyio.run(kueue_side_by_side, kubeconfig, sizes, workdir, run, version)
-        result["metrics"]["kueue"] = kueue
+            for scenario, mode in (("kueue", EACH_ALONE), ("kueue-h2h", HEAD_TO_HEAD)):
+                if scenario in only:
+                    run = time.strftime("%H%M%S")
+                    result["metrics"][scenario.replace("-", "_")] = anyio.run(
+                        kueue_run, kubeconfig, sizes, workdir, run, version, mode, args.trace
+                    )
         result["table"] = table_rows(result["metrics"])
     assert result is not None
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(render_table(result["table"]))
-    if "kueue" in result["metrics"]:
-        print(
-            f"\nKueue side by side ran against Kueue {result['metrics']['kueue']['kueue_version']}"
-        )
+    for key in ("kueue", "kueue_h2h"):
+        if key in result["metrics"]:
+            k = result["metrics"][key]
+            print(f"\n{k['mode']} ran against Kueue {k['kueue_version']}")
     print(
         f"\nresults: {out}  (load average before/after: "
         f"{result['meta']['load_average_before']} / {result['meta']['load_average_after']})"

@@ -57,22 +57,29 @@ class BenchApi:
         self.kube = ApiClientKube(api_client, limiter=None, request_timeout=60.0)
 
     @classmethod
-    async def connect(cls, kubeconfig: Path, pool_size: int = 64) -> BenchApi:
+    async def connect(
+        cls, kubeconfig: Path, pool_size: int = 64, as_user: str | None = None
+    ) -> BenchApi:
+        """``as_user``: every request impersonates that user (the kubeconfig's may)."""
         from kubernetes_asyncio import client, config
 
         cfg = client.Configuration()
         await config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
         cfg.connection_pool_maxsize = pool_size
-        return cls(client.ApiClient(configuration=cfg))
+        api_client = client.ApiClient(configuration=cfg)
+        if as_user is not None:
+            api_client.set_default_header("Impersonate-User", as_user)
+        return cls(api_client)
 
     async def close(self) -> None:
         await self._api.close()
 
     # -- namespaces and clean-up ---------------------------------------------------------------
 
-    async def ensure_namespace(self, name: str) -> None:
+    async def ensure_namespace(self, name: str, labels: dict[str, str] | None = None) -> None:
+        meta: dict[str, Any] = {"name": name} | ({"labels": labels} if labels else {})
         try:
-            await self.kube.create(NAMESPACES, None, {"metadata": {"name": name}})
+            await self.kube.create(NAMESPACES, None, {"metadata": meta})
         except ApiError as exc:
             if exc.status != 409:
                 raise

@@ -70,11 +70,12 @@ async def delete_queues(api: BenchApi, cluster_queue: str) -> None:
     await api.kube.delete(CLUSTER_QUEUES, None, cluster_queue)
 
 
-async def create_job(api: BenchApi, ns: str, name: str, parallelism: int, completions: int) -> str:
-    """Create the Job; its UID (the pods' controller-uid label)."""
-    job = await api.kube.create(
-        JOBS, ns, queued_job(name, parallelism, completions, gate=UNGATER_GATE)
-    )
+async def create_job(
+    api: BenchApi, ns: str, name: str, parallelism: int, completions: int, gate: str | None
+) -> str:
+    """Create the Job, ``gate`` in its template beside the one Kueue's webhook adds (None: only
+    Kueue's); its UID (the pods' controller-uid label)."""
+    job = await api.kube.create(JOBS, ns, queued_job(name, parallelism, completions, gate=gate))
     return str(job["metadata"]["uid"])
 
 
@@ -82,25 +83,28 @@ async def scale_job(api: BenchApi, ns: str, name: str, parallelism: int) -> None
     await api.kube.merge_patch(JOBS, ns, name, {"spec": {"parallelism": parallelism}})
 
 
-def _ray_template() -> dict[str, Any]:
+def _ray_template(gate: str | None) -> dict[str, Any]:
     ray = {
         "name": "ray",
         "image": "registry.invalid/ray:2",
         "resources": {"requests": {"cpu": "1"}},
     }
-    return {"spec": {"schedulingGates": [{"name": UNGATER_GATE}], "containers": [ray]}}
+    gates = [{"name": gate}] if gate is not None else []
+    return {"spec": {"schedulingGates": gates, "containers": [ray]}}
 
 
-async def create_raycluster(api: BenchApi, ns: str, name: str, workers: int) -> str:
-    """An elastic RayCluster (a head, one worker group ``workers``, 1 CPU per pod, our gate in
-    both templates; Kueue's webhook adds its own); its UID (its pods' controller)."""
+async def create_raycluster(
+    api: BenchApi, ns: str, name: str, workers: int, gate: str | None
+) -> str:
+    """An elastic RayCluster (a head, one worker group ``workers``, 1 CPU per pod, ``gate`` in
+    both templates when given; Kueue's webhook adds its own); its UID (its pods' controller)."""
     group = {
         "groupName": "workers",
         "replicas": workers,
         "minReplicas": 0,
         "maxReplicas": 1000,
         "rayStartParams": {},
-        "template": _ray_template(),
+        "template": _ray_template(gate),
     }
     body = {
         "apiVersion": RAYCLUSTERS.api_version,
@@ -111,7 +115,7 @@ async def create_raycluster(api: BenchApi, ns: str, name: str, workers: int) -> 
             "annotations": {"kueue.x-k8s.io/elastic-job": "true"},
         },
         "spec": {
-            "headGroupSpec": {"rayStartParams": {}, "template": _ray_template()},
+            "headGroupSpec": {"rayStartParams": {}, "template": _ray_template(gate)},
             "workerGroupSpecs": [group],
         },
     }
@@ -126,14 +130,16 @@ async def scale_raycluster(api: BenchApi, ns: str, name: str, workers: int) -> N
     )
 
 
-def kueue_controller_config(namespaces: list[str]) -> dict[str, Any]:
-    """The controller as shipped (default client limits), on our gate, for these namespaces.
+def kueue_controller_config(namespaces: list[str], gate: str = UNGATER_GATE) -> dict[str, Any]:
+    """The controller as shipped (default client limits), on ``gate``, for these namespaces.
 
-    ``mode: release`` is what ``auto`` picks for a gate Kueue does not release; it is written
-    out so that the benchmark never measures a controller that audits instead."""
+    On our own gate (head to head) ``mode: release`` is what ``auto`` picks for a gate Kueue
+    does not release, written out so that the benchmark never measures a controller that
+    audits instead. On Kueue's gate (each releaser alone) it is ``auto``, as a user runs it
+    behind the shipped admission policy: it releases because the policy guards the gate."""
     return {
-        "gate": UNGATER_GATE,
-        "mode": "release",
+        "gate": gate,
+        "mode": "release" if gate == UNGATER_GATE else "auto",
         "namespaces": namespaces,
         "kinds": [{"group": "batch", "kind": "Job"}, {"group": "ray.io", "kind": "RayCluster"}],
         "server": {"address": "127.0.0.1:0"},

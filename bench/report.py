@@ -226,6 +226,7 @@ SECTIONS: dict[str, tuple[str, Callable[[dict[str, Any]], list[Row]]]] = {
     "scale": ("scale", _scale_rows),
     "reconcile": ("reconcile_cost", _reconcile_rows),
     "kueue": ("kueue", kueue_rows),
+    "kueue-h2h": ("kueue_h2h", kueue_rows),
 }
 
 

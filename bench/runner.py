@@ -45,10 +45,13 @@ SCENARIOS = (
     "scale",
     "reconcile",
     "kueue",
+    "kueue-h2h",
 )
-#: Scenarios on the plain control plane (no Kueue: the harness plays it); "kueue" runs on a
-#: control plane of its own with the real Kueue (bench/kueue.py).
-PLAIN = frozenset(SCENARIOS) - {"kueue"}
+#: Scenarios on the plain control plane (no Kueue: the harness plays it); "kueue" (each
+#: releaser alone) and "kueue-h2h" (head to head) run on a control plane of their own with the
+#: real Kueue (bench/kueue_run.py).
+KUEUE = frozenset({"kueue", "kueue-h2h"})
+PLAIN = frozenset(SCENARIOS) - KUEUE
 
 
 @dataclass

@@ -39,7 +39,42 @@ def by_metric(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def test_every_row_names_the_kueue_that_ran() -> None:
     rows = kueue_rows(result([0.2] * 5, [0.1] * 5))
-    assert rows and {r["config"] for r in rows} == {"Kueue v0.19.2"}
+    assert rows and {r["config"] for r in rows} == {"Kueue v0.19.2, head to head"}
+    alone = kueue_rows(result([0.2] * 5, [0.1] * 5) | {"mode": "each-alone"})
+    assert {r["config"] for r in alone} == {"Kueue v0.19.2, each alone"}
+
+
+def test_each_alone_is_judged_on_the_case_goal_and_names_who_released() -> None:
+    label = "shrunk slice admitted, last release (4 -> 12 -> 8)"
+    each = {"mode": "each-alone"}
+    short = by_metric(kueue_rows(result([0.3] * 5, [0.2] * 5) | each))  # 1.5x: ahead, not 2x
+    assert short[f"{label}: ratio Kueue/ungater"]["status"] == "MISS"
+    assert short[f"{label}: ratio Kueue/ungater"]["goal"] == ">= 2"
+    assert f"{label}: Kueue alone" in short and f"{label}: ungater alone" in short
+    enough = by_metric(kueue_rows(result([0.4] * 5, [0.2] * 5) | each))
+    assert enough[f"{label}: ratio Kueue/ungater"]["status"] == "pass"
+    assert enough[f"{label}: ratio at p95"]["status"] == "pass"
+
+
+def test_each_alone_reports_each_sides_burst_and_partial_wave() -> None:
+    r = result([0.2] * 5, [0.1] * 5) | {"mode": "each-alone"}
+    r["order"] = {"freed_pending": [{"gated": [7, 8], "kueue": 8}, {"gated": [7, 8], "ungater": 7}]}
+    r["burst_totals"] = {
+        "kueue": {"last_admission_s": 2.0, "all_released_kueue_s": 3.0},
+        "ungater": {
+            "last_admission_s": 2.5,
+            "all_released_ungater_s": None,
+            "still_gated_ungater": 4,
+        },
+    }
+    rows = by_metric(kueue_rows(r))
+    assert "partial wave, gated 7..8, one slot: index released (kueue): 8" in rows
+    assert "partial wave, gated 7..8, one slot: index released (ungater): 7" in rows
+    assert rows["burst: quota raised to the last admission (kueue's burst)"]["median"] == 2.0
+    assert rows["burst: quota raised to the last admission (ungater's burst)"]["median"] == 2.5
+    assert rows["burst: quota raised to all released (kueue's gate)"]["median"] == 3.0
+    gated = rows["burst: quota raised to all released (ungater's gate): 4 pods still gated"]
+    assert gated["status"] == "MISS"
 
 
 def test_ungater_behind_kueue_is_a_miss_and_ahead_a_pass() -> None:
