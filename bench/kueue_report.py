@@ -141,6 +141,51 @@ def _burst_released_rows(config: str, totals: dict[str, Any]) -> list[dict[str, 
     return rows
 
 
+_SPAN_NAMES = {
+    "event": "event seen",
+    "reconcile_start": "reconcile started",
+    "decided": "decided",
+    "first_patch_sent": "first patch sent",
+    "last_patch_answered": "last patch answered",
+    "end": "last release seen",
+}
+
+
+def _span_rows(label: str, config: str, spans: dict[str, Any]) -> list[dict[str, Any]]:
+    """Where ungater's waves of a case went (``--trace``): each span from the trigger seen, each
+    kind of read (its time), over the waves whose trace was found; the others counted."""
+    each = [w for w in spans.get("each", []) if w is not None]
+    rows = []
+    for name, said in _SPAN_NAMES.items():
+        got = [w[name] / 1000 for w in each if w.get(name) is not None]
+        rows.append(_row(f"{label}: span to {said} (ungater)", config, summarize(got, "s")))
+    reads: dict[str, list[float]] = {}
+    for w in each:
+        per: dict[str, float] = {}
+        for r in w.get("reads", []):
+            per[r["what"]] = per.get(r["what"], 0.0) + (r["ms"] or 0.0)
+        for what, ms in per.items():
+            reads.setdefault(what, []).append(ms / 1000)
+    for what, got in sorted(reads.items()):
+        rows.append(
+            _row(f"{label}: {what} reads, time per wave (ungater)", config, summarize(got, "s"))
+        )
+    missing = spans.get("missing", 0)
+    rows.append(_count(f"{label}: waves without a trace (ungater)", config, missing, "ungater"))
+    return rows
+
+
+def _floor_rows(config: str, floor: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for what, key in (
+        ("one quorum GET", "get_samples_ms"),
+        ("one guarded PATCH", "patch_samples_ms"),
+    ):
+        got = [ms / 1000 for ms in floor.get(key, [])]
+        rows.append(_row(f"floor: {what}, sequential", config, summarize(got, "s")))
+    return rows
+
+
 def kueue_rows(k: dict[str, Any]) -> list[dict[str, Any]]:
     """The rows of one Kueue run: each releaser alone (``mode`` each-alone) or head to head
     (the runs before the mode was recorded were head to head)."""
@@ -152,6 +197,8 @@ def kueue_rows(k: dict[str, Any]) -> list[dict[str, Any]]:
     for case, c in k["cases"].items():
         goal = RATIO_GOALS.get(case) if alone else None
         rows.extend(_case_rows(_label(case, k), config, c, alone, goal))
+        if case in k.get("spans", {}):
+            rows.extend(_span_rows(_label(case, k), config, k["spans"][case]))
         labels |= dict.fromkeys(c["stalls"])
     for story, found in k.get("over_cap", {}).items():
         for who, oc in found.items():
@@ -167,6 +214,8 @@ def kueue_rows(k: dict[str, Any]) -> list[dict[str, Any]]:
             metric = f"partial wave, gated {span}, one slot: index released ({who}): {shown}"
             s = summarize([i for i in went if i is not None], "count")
             rows.append(_row(metric, config, s))
+    if k.get("floor"):
+        rows.extend(_floor_rows(config, k["floor"]))
     totals = k.get("burst_totals", {})
     # per side (each alone: its own burst) or, in older runs, one burst's totals
     sides = totals if all(isinstance(v, dict) for v in totals.values()) else {"": totals}

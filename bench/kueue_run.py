@@ -34,6 +34,7 @@ from bench.kueue_policy import KUEUE_USER, RELEASER_LABEL, guarded_policy, remov
 from bench.objects import JOBS
 from bench.sizes import Sizes
 from bench.timeline import Timeline
+from bench.trace import measure_floor, read_trace, summarize_waves, wave_spans
 
 __all__ = ["EACH_ALONE", "HEAD_TO_HEAD", "kueue_run", "merged_summary"]
 
@@ -125,6 +126,22 @@ async def _stories(api: BenchApi, stages: list[_Stage], sizes: Sizes) -> dict[st
     return totals
 
 
+def _spans(log: Path, side: kq.Side) -> dict[str, Any]:
+    """Per case, where ungater's waves went (``bench.trace``): each wave from the harness's
+    trigger to the sample's end; a wave whose trace is not found is counted missing."""
+    points = read_trace(log)
+    by_case: dict[str, list[Any]] = {}
+    for w in side.waves:
+        end = w.end.get("ungater")
+        spans = wave_spans(points, w.owner, w.since, end) if end is not None else None
+        by_case.setdefault(w.case, []).append(spans)
+    out: dict[str, Any] = {}
+    for case, waves in by_case.items():
+        out[case] = summarize_waves(waves)
+        out[case]["each"] = [w.as_dict() if w is not None else None for w in waves]
+    return out
+
+
 async def kueue_run(
     kubeconfig: Path,
     sizes: Sizes,
@@ -173,6 +190,8 @@ async def kueue_run(
             await proc.start(tg)
             try:
                 out["burst_totals"] = await _stories(api, stages, sizes)
+                # the server's floor, on the same server, right after the waves it bounds
+                out["floor"] = await measure_floor(api, ours.life)
             finally:
                 out["controller_exit_code"] = await proc.stop()
                 out["controller_log"] = str(proc.log_path)
@@ -197,6 +216,8 @@ async def kueue_run(
         for case, waves in s.order.items():
             out["order"].setdefault(case, []).extend(waves)
     out["waves"] = {s.label: [asdict(w) for w in s.waves] for s in sides}
+    if trace and "controller_log" in out:
+        out["spans"] = _spans(Path(out["controller_log"]), ours.side)
     out["duration_seconds"] = round(time.monotonic() - started, 1)
     out["sizes"] = {
         "pods": sizes.kueue_pods,

@@ -158,3 +158,21 @@ def test_a_burst_not_all_released_is_a_row_saying_how_many_kept_the_gate() -> No
     rows = by_metric(kueue_rows(k))
     said = rows["burst: quota raised to all released (ungater's gate): not all released"]
     assert said["status"] == "MISS"
+
+
+def test_spans_and_floor_are_rows_and_a_wave_without_trace_is_counted() -> None:
+    r = result([0.2] * 5, [0.1] * 5) | {"mode": "each-alone"}
+    wave = {"event": 1.0, "reconcile_start": 1.5, "decided": 2.0, "first_patch_sent": 2.5}
+    wave |= {"last_patch_answered": 9.0, "end": 10.0, "reconciles": 1, "patches": 8}
+    wave["reads"] = [{"what": "owner", "ms": 3.0}, {"what": "slice", "ms": 4.0}]
+    r["spans"] = {"shrink": {"waves": 2, "missing": 1, "each": [wave, None]}}
+    r["floor"] = {"get_samples_ms": [1.0, 2.0, 3.0], "patch_samples_ms": [4.0, 5.0, 6.0]}
+    rows = by_metric(kueue_rows(r))
+    label = "shrunk slice admitted, last release (4 -> 12 -> 8)"
+    assert rows[f"{label}: span to decided (ungater)"]["median"] == 0.002
+    assert rows[f"{label}: span to last release seen (ungater)"]["median"] == 0.01
+    assert rows[f"{label}: slice reads, time per wave (ungater)"]["median"] == 0.004
+    missing = rows[f"{label}: waves without a trace (ungater)"]
+    assert (missing["median"], missing["status"]) == (1, "MISS")
+    assert rows["floor: one quorum GET, sequential"]["median"] == 0.002
+    assert rows["floor: one guarded PATCH, sequential"]["median"] == 0.005
