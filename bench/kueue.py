@@ -70,12 +70,15 @@ _WAIT_S = 120.0  # for the Job controller, KubeRay and Kueue to create, admit an
 
 @dataclass(frozen=True)
 class Wave:
-    """One trigger and what it made releasable, as the harness saw it: for the spans."""
+    """One sample's wave as the harness saw it, per label: the pod whose wait is the sample
+    (the longest, or the shortest of a one-slot wave), when it became releasable (the later of the
+    trigger and its creation seen) and when it was seen released. For the spans."""
 
     case: str
     owner: str
-    since: float  # the trigger seen
-    end: dict[str, float]  # per label: the sample's end (the last, or first, removal seen)
+    since: dict[str, float]
+    end: dict[str, float]
+    pod: dict[str, str]
 
 
 @dataclass
@@ -108,8 +111,20 @@ class Side:
     ) -> None:
         """A sample of ``case`` (``Waits.record``), and its wave for the spans."""
         got = await self.cases[case].record(tl, pods, since, first_only=first_only)
-        end = {label: since + w for label, w in got.items() if w is not None}
-        self.waves.append(Wave(case, owner, since, end))
+        wave = Wave(case, owner, {}, {}, {})
+        for label, gate in self.gates.items():
+            went = [p for p in pods() if gate in p.gates and gate in p.removed_at]
+            if got.get(label) is None or not went:
+                continue
+
+            def waited(p: PodTrack, gate: str = gate) -> float:
+                return p.removed_at[gate] - max(since, p.added_at)
+
+            last = (min if first_only else max)(went, key=waited)  # the sample's own pod
+            wave.since[label] = max(since, last.added_at)
+            wave.end[label] = last.removed_at[gate]
+            wave.pod[label] = last.uid
+        self.waves.append(wave)
 
 
 def _admitted(tl: Timeline, owner: str) -> list[SliceTrack]:

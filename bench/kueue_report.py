@@ -182,7 +182,8 @@ def _floor_rows(config: str, floor: dict[str, Any]) -> list[dict[str, Any]]:
         ("one guarded PATCH", "patch_samples_ms"),
     ):
         got = [ms / 1000 for ms in floor.get(key, [])]
-        rows.append(_row(f"floor: {what}, sequential", config, summarize(got, "s")))
+        metric = f"floor: {what} of a gated pod, sequential"
+        rows.append(_row(metric, config, summarize(got, "s")))
     return rows
 
 

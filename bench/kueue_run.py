@@ -31,7 +31,7 @@ from bench.api import BenchApi
 from bench.controller_proc import ControllerProcess
 from bench.kueue_overcap import releases_past_cap
 from bench.kueue_policy import KUEUE_USER, RELEASER_LABEL, guarded_policy, remove_policy
-from bench.objects import JOBS
+from bench.objects import JOBS, PODS
 from bench.sizes import Sizes
 from bench.timeline import Timeline
 from bench.trace import measure_floor, read_trace, summarize_waves, wave_spans
@@ -126,6 +126,24 @@ async def _stories(api: BenchApi, stages: list[_Stage], sizes: Sizes) -> dict[st
     return totals
 
 
+async def _pod_floor(api: BenchApi, ns: str) -> dict[str, Any]:
+    """One quorum GET and one guarded PATCH of a gated pod, each alone: a pod's update passes
+    the admission a release does (Kueue's pod webhook, the policy). The pod has no owner, so
+    the controller, which watches the namespace, has nothing to do with it."""
+    pod = {
+        "metadata": {"name": "bench-floor"},
+        "spec": {
+            "schedulingGates": [{"name": ks.KUEUE_GATE}],
+            "containers": [{"name": "c", "image": "registry.invalid/floor:1"}],
+        },
+    }
+    await api.kube.create(PODS, ns, pod)
+    try:
+        return await measure_floor(api, ns, "bench-floor", resource=PODS)
+    finally:
+        await api.kube.delete(PODS, ns, "bench-floor")
+
+
 def _spans(log: Path, side: kq.Side) -> dict[str, Any]:
     """Per case, where ungater's waves went (``bench.trace``): each wave from the harness's
     trigger to the sample's end; a wave whose trace is not found is counted missing."""
@@ -133,7 +151,9 @@ def _spans(log: Path, side: kq.Side) -> dict[str, Any]:
     by_case: dict[str, list[Any]] = {}
     for w in side.waves:
         end = w.end.get("ungater")
-        spans = wave_spans(points, w.owner, w.since, end) if end is not None else None
+        spans = None
+        if end is not None:
+            spans = wave_spans(points, w.owner, w.since["ungater"], end, pod=w.pod["ungater"])
         by_case.setdefault(w.case, []).append(spans)
     out: dict[str, Any] = {}
     for case, waves in by_case.items():
@@ -191,7 +211,7 @@ async def kueue_run(
             try:
                 out["burst_totals"] = await _stories(api, stages, sizes)
                 # the server's floor, on the same server, right after the waves it bounds
-                out["floor"] = await measure_floor(api, ours.life)
+                out["floor"] = await _pod_floor(api, ours.life)
             finally:
                 out["controller_exit_code"] = await proc.stop()
                 out["controller_log"] = str(proc.log_path)

@@ -170,6 +170,7 @@ def wave_spans(
     t0: float,
     t_end: float,
     epsilon: float = EPSILON_S,
+    pod: str | None = None,
 ) -> WaveSpans | None:
     """The spans of one wave of ``owner`` (its UID, or ``<namespace>/<uid>``) from ``t0`` (the
     harness saw the trigger) to ``t_end`` (it saw the last release), both monotonic seconds;
@@ -181,12 +182,21 @@ def wave_spans(
     in that window that shows the slice admitted (else the first at all); the patches, those
     sent in the window from that decision on, each answered by the first answer for its pod
     after it (which may come after ``t_end``: the harness's watch may show a release before
-    the controller has its answer)."""
+    the controller has its answer).
+
+    With ``pod`` (the UID of the pod whose release the harness saw at ``t_end``), the deciding
+    reconcile is the one that sent that pod's last patch up to ``t_end``, wherever it began: an
+    earlier releasing reconcile in the window (a freed slot refilled just before the trigger)
+    is then not taken for the wave's."""
     every = _points_of(points, owner)
     mine = [p for p in every if t0 - epsilon <= p.t <= t_end + epsilon]
-    decided = next(
-        (p for p in mine if p.point == "decided" and _int(p.fields.get("releases")) > 0), None
-    )
+    if pod is not None:
+        decided = _decided_for(every, pod, t_end + epsilon)
+    else:
+        decided = next(
+            (p for p in mine if p.point == "decided" and _int(p.fields.get("releases")) > 0),
+            None,
+        )
     if decided is None:
         return None
     # its start may lie before the window: a reconcile that began before the harness saw the
@@ -217,7 +227,13 @@ def wave_spans(
         elif p.point == "read_end" and open_reads.get(what):
             j = open_reads[what].pop(0)
             reads[j] = Read(what[0], what[1], ms(every[j].t), (p.t - every[j].t) * 1000.0)
-    sent = [p for p in mine if p.point == "patch_sent" and p.t >= decided.t]
+    if pod is not None:  # that reconcile's patches: up to its end
+        over = next(
+            (p.t for p in every if p.point == "reconcile_end" and p.t >= decided.t), math.inf
+        )
+        sent = [p for p in every if p.point == "patch_sent" and decided.t <= p.t <= over]
+    else:
+        sent = [p for p in mine if p.point == "patch_sent" and p.t >= decided.t]
     answered = [a for a in (_answer(every, s) for s in sent) if a is not None]
     return WaveSpans(
         event=ms(event.t) if event is not None else None,
@@ -229,6 +245,23 @@ def wave_spans(
         reads=tuple(reads[i] for i in sorted(reads)),
         reconciles=sum(1 for p in mine if p.point == "reconcile_start" and p.t >= t0 - epsilon),
         patches=len(sent),
+    )
+
+
+def _decided_for(every: Sequence[Point], pod: str, until: float) -> Point | None:
+    """The releasing decision that sent ``pod``'s last patch up to ``until``."""
+    sends = [
+        p for p in every if p.point == "patch_sent" and p.fields.get("pod") == pod and p.t <= until
+    ]
+    if not sends:
+        return None
+    return next(
+        (
+            p
+            for p in reversed(every)
+            if p.point == "decided" and _int(p.fields.get("releases")) > 0 and p.t <= sends[-1].t
+        ),
+        None,
     )
 
 

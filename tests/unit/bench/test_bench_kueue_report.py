@@ -174,5 +174,5 @@ def test_spans_and_floor_are_rows_and_a_wave_without_trace_is_counted() -> None:
     assert rows[f"{label}: slice reads, time per wave (ungater)"]["median"] == 0.004
     missing = rows[f"{label}: waves without a trace (ungater)"]
     assert (missing["median"], missing["status"]) == (1, "MISS")
-    assert rows["floor: one quorum GET, sequential"]["median"] == 0.002
-    assert rows["floor: one guarded PATCH, sequential"]["median"] == 0.005
+    assert rows["floor: one quorum GET of a gated pod, sequential"]["median"] == 0.002
+    assert rows["floor: one guarded PATCH of a gated pod, sequential"]["median"] == 0.005

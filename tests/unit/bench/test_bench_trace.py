@@ -282,3 +282,24 @@ async def test_the_floor_cleans_up_when_a_patch_fails() -> None:
         await measure_floor(api, NS, rounds=5)  # type: ignore[arg-type]
     assert api.kube.objects == {} and api.kube.calls[-1] == "delete"
     assert CONFIGMAPS.plural == "configmaps"
+
+
+def test_the_wave_of_a_pod_is_the_reconcile_that_sent_its_patch_not_an_earlier_one() -> None:
+    """A freed slot refilled just before the trigger releases in the window too: named by the
+    pod the harness saw last, the wave is the decision that patched that pod."""
+    k = f"key={NS}/{A}"
+    early = [
+        (-0.020, f"reconcile_start {k}"),
+        (-0.019, f"decided {k} releases=1"),
+        (-0.018, f"patch_sent {k} pod=early"),
+        (-0.010, f"patch_answered {k} pod=early outcome=released"),
+        (-0.009, f"reconcile_end {k} outcome=decided"),
+    ]
+    lines = [text(T0 + dt, rest) for dt, rest in early] + wave_log(T0, A)
+    points = parse_log(lines)
+    first = wave_spans(points, A, T0, T0 + 0.014)
+    assert first is not None and first.decided == pytest.approx(-19.0)  # without the pod
+    named = wave_spans(points, A, T0, T0 + 0.014, pod="p-2")
+    assert named is not None
+    assert named.decided == pytest.approx(8.0) and named.patches == 2
+    assert wave_spans(points, A, T0, T0 + 0.014, pod="never-patched") is None
