@@ -15,7 +15,7 @@ import anyio
 
 from ungater._controller.state import KindRuntime, State, resource_version_number
 from ungater._decide.assess import pod_selectors, via_objects
-from ungater._decide.decision import active_slice
+from ungater._decide.decision import active_slice, live_slices
 from ungater._decide.indexes import OwnerKey
 from ungater._kube.client import PODS, Resource, selector_text
 from ungater._kube.kueue import workload_resource
@@ -103,29 +103,51 @@ class FreshReads:
         the owner's slices as they are now (none when it cannot be read as one of ours).
 
         A read that shows the slice finished or evicted makes another cached slice the active
-        one, which this fence has not read: it is read in turn, so that the decision never
-        rests on a slice the fence did not read (at most one read per cached slice).
+        one: the decision must never rest on a slice the fence did not read. So every cached
+        slice that may be the active one (admitted, neither finished nor evicted, as cached) is
+        read at once, in one round trip rather than one per slice handed over; a slice that
+        becomes active and was not read is read in a round of its own (at most one read per
+        cached slice in all).
         """
-        res = workload_resource(self.s.workload_version)
         read: set[str] = set()
         for _ in range(len(slices)):
-            active = active_slice(self.s.workloads.for_owner(key.uid))
+            cached = self.s.workloads.for_owner(key.uid)
+            active = active_slice(cached)
             if active is None or active.uid in read:
                 break
-            read.add(active.uid)
-            if self.s.trace.on:
-                self.s.trace.point("read_start", key, what="slice", name=active.name)
-            obj = await self.s.client.get(res, active.namespace, active.name)
-            if self.s.trace.on:
-                self.s.trace.point("read_end", key, what="slice", name=active.name)
-            fresh = parse_workload(obj) if obj is not None else None
-            if fresh is None or fresh.uid != active.uid:
-                self.s.workloads.on_change(active, None)  # gone, or another object now
-                continue
-            self.s.workloads.on_change(active, fresh)
+            batch = [w for w in live_slices(cached) if w.uid not in read]
+            read.update(w.uid for w in batch)
+            await self._read_slices(key, batch)
         now = self.s.workloads.for_owner(key.uid)
         active = active_slice(now)
         return now if active is not None and active.uid in read else []
+
+    async def _read_slices(self, key: OwnerKey, batch: list[WorkloadView]) -> None:
+        """Read each slice of ``batch`` at once into the cache; the first failure re-raised."""
+        res = workload_resource(self.s.workload_version)
+        failures: list[Exception] = []
+
+        async def one(view: WorkloadView) -> None:
+            if self.s.trace.on:
+                self.s.trace.point("read_start", key, what="slice", name=view.name)
+            try:
+                obj = await self.s.client.get(res, view.namespace, view.name)
+            except Exception as exc:  # re-raised below as itself, not as an exception group
+                failures.append(exc)
+                return
+            if self.s.trace.on:
+                self.s.trace.point("read_end", key, what="slice", name=view.name)
+            fresh = parse_workload(obj) if obj is not None else None
+            if fresh is None or fresh.uid != view.uid:
+                self.s.workloads.on_change(view, None)  # gone, or another object now
+            else:
+                self.s.workloads.on_change(view, fresh)
+
+        async with anyio.create_task_group() as tg:
+            for view in batch:
+                tg.start_soon(one, view)
+        if failures:
+            raise failures[0]
 
     async def refresh_owner(self, rt: KindRuntime, namespace: str, owner: ObjectRef) -> bool:
         """Read the owner from the API server (a quorum read) into the owner facts.

@@ -42,6 +42,7 @@ __all__ = [
     "active_slice",
     "decide",
     "gated_by_reason",
+    "live_slices",
     "order_slices",
     "pod_set_caps",
 ]
@@ -153,15 +154,21 @@ def order_slices(slices: Iterable[WorkloadView]) -> list[WorkloadView]:
     return sorted(items, key=lambda w: (w.creation_timestamp, _chain_depth(w, by_key), w.uid))
 
 
-def active_slice(slices: Iterable[WorkloadView]) -> WorkloadView | None:
-    """The newest slice that is admitted, not finished and not evicted; None if there is none."""
-    live = [
+def live_slices(slices: Iterable[WorkloadView]) -> list[WorkloadView]:
+    """The slices that are admitted, not finished and not evicted, oldest first: the newest is
+    the active one, and any of the others is if the newer ones turn out finished."""
+    return [
         w
         for w in order_slices(slices)
         if w.condition_true(ADMITTED)
         and not w.condition_true(FINISHED)
         and not w.condition_true(EVICTED)
     ]
+
+
+def active_slice(slices: Iterable[WorkloadView]) -> WorkloadView | None:
+    """The newest slice that is admitted, not finished and not evicted; None if there is none."""
+    live = live_slices(slices)
     return live[-1] if live else None
 
 
