@@ -26,11 +26,16 @@ FORMATS = ("markdown", "text")
 
 
 def report_rows(result: dict[str, Any], section: str | None = None) -> list[dict[str, Any]]:
-    """The table rows of ``result`` (made from its metrics), of one section if named."""
-    if section is not None and section not in SECTIONS:
+    """The table rows of ``result`` (made from its metrics), of one section if named; a
+    section ``S/PART`` keeps the rows of that part of it (the Kueue runs: ``kueue/headline``,
+    ``kueue/spans``, ``kueue/checks``)."""
+    scenario, _, part = (section or "").partition("/")
+    if section is not None and scenario not in SECTIONS:
         raise ValueError(f"unknown section {section!r}: one of {', '.join(SECTIONS)}")
     rows = table_rows(result["metrics"])
-    return rows if section is None else [r for r in rows if r.get("section") == section]
+    if section is None:
+        return rows
+    return [r for r in rows if r.get("section") == scenario and (not part or r.get("part") == part)]
 
 
 def _cell(text: str) -> str:
@@ -58,7 +63,12 @@ def add_parser(sub: Any) -> None:
     """The ``report`` subcommand, on the subparsers of ``python -m bench``."""
     p = sub.add_parser("report", help="print a result JSON's table (as the docs quote it)")
     p.add_argument("file", type=Path, help="a result JSON (bench/results/NAME.json)")
-    p.add_argument("--section", choices=list(SECTIONS), help="the rows of one scenario only")
+    p.add_argument(
+        "--section",
+        metavar="S[/PART]",
+        help=f"the rows of one scenario only ({', '.join(SECTIONS)}); kueue/headline, "
+        "kueue/spans, kueue/checks: one part of a Kueue run's",
+    )
     p.add_argument("--format", choices=FORMATS, default="markdown", help="default: markdown")
 
 

@@ -17,7 +17,14 @@ from typing import Any
 
 from bench.stats import summarize
 
-__all__ = ["RATIO_GOALS", "kueue_rows"]
+__all__ = ["PARTS", "RATIO_GOALS", "kueue_rows"]
+
+#: The parts of the table (``row["part"]``), each quotable alone (``--section kueue/PART``):
+#: each case's figures and ratio; where ungater's waves went and the server's floor; the checks
+#: (stalls, missing samples, releases past the cap, the partial wave's order, the bursts).
+HEADLINE, SPANS, CHECKS = "headline", "spans", "checks"
+PARTS = (HEADLINE, SPANS, CHECKS)
+CHECK = {"part": CHECKS}
 
 #: Each releaser alone, Kueue / ungater at the median and at p95 (issue 34): 2x where a
 #: Workload event alone starts the wave, 10x where a pod event does (Kueue batches those 1 s).
@@ -115,11 +122,11 @@ def _case_rows(
             _row(f"{label}: ratio at p95", config, summarize([p95], "ratio"), text, verdict(p95))
         )
     for who in timed:
-        rows.append(_count(f"{label}: stalls ({who})", config, c["stalls"][who], who))
+        rows.append(_count(f"{label}: stalls ({who})", config, c["stalls"][who], who) | CHECK)
     for who in timed:  # triggers that gave no sample and no stall: counted, never dropped
         if who in c.get("missing", {}):
             n = c["missing"][who]
-            rows.append(_count(f"{label}: missing samples ({who})", config, n, who))
+            rows.append(_count(f"{label}: missing samples ({who})", config, n, who) | CHECK)
     return rows
 
 
@@ -187,6 +194,11 @@ def _floor_rows(config: str, floor: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _parted(rows: list[dict[str, Any]], part: str) -> list[dict[str, Any]]:
+    """Each row tagged with the part of the table it belongs to, unless it has one."""
+    return [r if "part" in r else r | {"part": part} for r in rows]
+
+
 def kueue_rows(k: dict[str, Any]) -> list[dict[str, Any]]:
     """The rows of one Kueue run: each releaser alone (``mode`` each-alone) or head to head
     (the runs before the mode was recorded were head to head)."""
@@ -197,9 +209,9 @@ def kueue_rows(k: dict[str, Any]) -> list[dict[str, Any]]:
     labels: dict[str, None] = {}  # the gates timed in this run, in order (one or both)
     for case, c in k["cases"].items():
         goal = RATIO_GOALS.get(case) if alone else None
-        rows.extend(_case_rows(_label(case, k), config, c, alone, goal))
+        rows.extend(_parted(_case_rows(_label(case, k), config, c, alone, goal), HEADLINE))
         if case in k.get("spans", {}):
-            rows.extend(_span_rows(_label(case, k), config, k["spans"][case]))
+            rows.extend(_parted(_span_rows(_label(case, k), config, k["spans"][case]), SPANS))
         labels |= dict.fromkeys(c["stalls"])
     for story, found in k.get("over_cap", {}).items():
         for who, oc in found.items():
@@ -216,7 +228,7 @@ def kueue_rows(k: dict[str, Any]) -> list[dict[str, Any]]:
             s = summarize([i for i in went if i is not None], "count")
             rows.append(_row(metric, config, s))
     if k.get("floor"):
-        rows.extend(_floor_rows(config, k["floor"]))
+        rows.extend(_parted(_floor_rows(config, k["floor"]), SPANS))
     totals = k.get("burst_totals", {})
     # per side (each alone: its own burst) or, in older runs, one burst's totals
     sides = totals if all(isinstance(v, dict) for v in totals.values()) else {"": totals}
@@ -228,4 +240,4 @@ def kueue_rows(k: dict[str, Any]) -> list[dict[str, Any]]:
                 metric = f"burst: quota raised to the {what[:-2].replace('_', ' ')}{whose}"
                 rows.append(_row(metric, config, summarize([t], "s")))
         rows.extend(_burst_released_rows(config, t_side))
-    return rows
+    return _parted(rows, CHECKS)

@@ -187,7 +187,10 @@ async def kueue_run(
         stages = [_Stage(kq.Side("both", both, ks.UNGATER_GATE, stall), f"h{run_id}", sizes)]
         gate = ks.UNGATER_GATE
     ours = stages[-1]  # the namespaces ungater watches
-    api = await BenchApi.connect(kubeconfig)
+    # each namespace's timeline holds 4 watches open (pods, Workloads, Jobs, RayClusters), each
+    # a pooled connection of its own; the stories' requests need room beside them
+    watches = 4 * sum(len(st.every) for st in stages)
+    api = await BenchApi.connect(kubeconfig, pool_size=watches + 64)
     kueue_api = await BenchApi.connect(kubeconfig, pool_size=2, as_user=KUEUE_USER)
     policy: list[dict[str, Any]] = []
     out: dict[str, Any] = {"kueue_version": kueue_version, "mode": mode}

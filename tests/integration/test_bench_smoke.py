@@ -110,9 +110,13 @@ def test_quick_bench_run_reports_every_metric(control_plane: Any, tmp_path: Path
     assert {row["metric"] for row in result["table"]} >= {"freed-slot latency", "arrival latency"}
 
 
-def test_quick_side_by_side_with_the_real_kueue(kueue_cluster: Any, tmp_path: Path) -> None:
+def test_quick_each_releaser_alone_beside_the_real_kueue(
+    kueue_cluster: Any, tmp_path: Path
+) -> None:
     """Every case at a small size (a burst of 2 Jobs) against the fixture's Kueue, which the
-    output names; ungater's gate measured on each case, never past the cap, index order."""
+    output names, each releaser alone on Kueue's gate (ungater behind the shipped policy):
+    ungater measured on each case, never past the cap, in index order, and traced: every one
+    of its samples has its wave's spans; the server's floor measured."""
     out = tmp_path / "kueue.json"
     version = kueue_cluster.peers.kueue_version
     args = [
@@ -129,6 +133,7 @@ def test_quick_side_by_side_with_the_real_kueue(kueue_cluster: Any, tmp_path: Pa
         version,
         "--kueue-burst",
         "2",
+        "--trace",
         "--out",
         str(out),
         "--namespace",
@@ -141,6 +146,7 @@ def test_quick_side_by_side_with_the_real_kueue(kueue_cluster: Any, tmp_path: Pa
     k = json.loads(out.read_text())["metrics"]["kueue"]
     assert k["controller_exit_code"] == 0
     assert k["kueue_version"] == version
+    assert k["mode"] == "each-alone"
     assert set(k["cases"]) == {
         "initial",
         "scale_up",
@@ -163,11 +169,53 @@ def test_quick_side_by_side_with_the_real_kueue(kueue_cluster: Any, tmp_path: Pa
             kueue_measured += 1
     assert kueue_measured >= 3, k["cases"]  # the comparison has a Kueue side
     assert k["cases"]["burst"]["ungater"]["n"] == 2  # one sample per Job of the burst
-    assert k["burst_totals"]["all_released_ungater_s"] > 0
+    assert k["burst_totals"]["ungater"]["all_released_ungater_s"] > 0
+    for name, case in k["cases"].items():  # each of ungater's samples is a traced wave
+        spans = k["spans"][name]
+        assert spans["waves"] == case["ungater"]["n"] and spans["missing"] == 0, (name, spans)
+    assert k["floor"]["get_ms"] > 0 and k["floor"]["patch_ms"] > 0
     assert set(k["over_cap"]) == {"job_lifecycle", "freed_pending", "shrink", "rc_scale", "burst"}
     for story, found in k["over_cap"].items():
         assert found["ungater"]["count"] == 0, (story, found)
         assert found["kueue"]["count"] >= 0
-    (wave,) = k["order"]["freed_pending"]
-    assert wave["ungater"] == min(wave["gated"]), wave  # the lowest gated index goes first
-    assert wave["kueue"] in wave["gated"], wave
+    waves = k["order"]["freed_pending"]  # one per releaser, each alone
+    (ours,) = [w for w in waves if "ungater" in w]
+    assert ours["ungater"] == min(ours["gated"]), ours  # the lowest gated index goes first
+    (theirs,) = [w for w in waves if "kueue" in w]
+    assert theirs["kueue"] in theirs["gated"], theirs
+
+
+def test_quick_head_to_head_beside_the_real_kueue(kueue_cluster: Any, tmp_path: Path) -> None:
+    """Both gates on the same pods (ungater's own beside Kueue's), each releaser on its own:
+    both timed from one watch, ungater never past the cap, the lowest index first."""
+    out = tmp_path / "h2h.json"
+    version = kueue_cluster.peers.kueue_version
+    args = [
+        sys.executable,
+        "-m",
+        "bench",
+        "run",
+        "--quick",
+        "--only",
+        "kueue-h2h",
+        "--kueue-kubeconfig",
+        str(kueue_cluster.kubeconfig_path),
+        "--kueue",
+        version,
+        "--kueue-burst",
+        "2",
+        "--out",
+        str(out),
+    ]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    k = json.loads(out.read_text())["metrics"]["kueue_h2h"]
+    assert k["mode"] == "head-to-head" and k["controller_exit_code"] == 0
+    for name, case in k["cases"].items():
+        _sane(case["ungater"], 0, 30)
+        assert case["stalls"]["ungater"] == 0, name
+    for story, found in k["over_cap"].items():
+        assert found["ungater"]["count"] == 0, (story, found)
+    (wave,) = k["order"]["freed_pending"]  # one Job, both gates on its pods
+    assert wave["ungater"] == min(wave["gated"]), wave
+    assert wave["kueue"] is None or wave["kueue"] in wave["gated"], wave

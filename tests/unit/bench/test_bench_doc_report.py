@@ -67,3 +67,34 @@ def test_the_command_prints_the_table(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["report", str(path), "--format", "text"]) == 0
     assert capsys.readouterr().out == render_table(table_rows(metrics())) + "\n"
     assert main(["report", str(tmp_path / "missing.json")]) == 2
+
+
+def test_a_kueue_run_is_quoted_whole_or_by_part_and_every_row_is_in_one_part() -> None:
+    k: dict[str, Any] = {
+        "kueue_version": "v0.19.2",
+        "mode": "each-alone",
+        "sizes": {"shrink": [4, 12, 8]},
+        "cases": {
+            "shrink": {
+                "kueue": summarize([0.2] * 5, "s"),
+                "ungater": summarize([0.1] * 5, "s"),
+                "ratio_median": 2.0,
+                "ratio_p95": 2.0,
+                "stalls": {"kueue": 0, "ungater": 0},
+                "missing": {"kueue": 0, "ungater": 0},
+            }
+        },
+        "over_cap": {"shrink": {"kueue": {"count": 0}, "ungater": {"count": 0}}},
+        "floor": {"get_samples_ms": [1.0], "patch_samples_ms": [2.0]},
+    }
+    run = {"metrics": {"kueue": k}}
+    whole = report_rows(run, "kueue")
+    parts = {p: report_rows(run, f"kueue/{p}") for p in ("headline", "spans", "checks")}
+    assert all(parts.values())
+    assert sorted(r["metric"] for p in parts.values() for r in p) == sorted(
+        r["metric"] for r in whole
+    )
+    assert all("ratio" in r["metric"] or "alone" in r["metric"] for r in parts["headline"])
+    assert report_rows(run, "kueue/nothing") == []
+    with pytest.raises(ValueError, match="unknown section"):
+        report_rows(run, "nothing/headline")
