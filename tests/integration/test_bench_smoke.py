@@ -206,6 +206,9 @@ def test_quick_head_to_head_beside_the_real_kueue(kueue_cluster: Any, tmp_path: 
         "2",
         "--out",
         str(out),
+        "--namespace",
+        f"bench-smoke-h-{secrets.token_hex(3)}",
+        "--delete-namespaces",
     ]
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
