@@ -14,14 +14,12 @@ from unittest import mock
 import anyio
 
 import tests.explore.world as world_module
-from ungater._controller.freshreads import FreshReads
 from ungater._controller.patcher import SKIPPED, Patcher
 from ungater._controller.reconciler import Reconciler
 from ungater._controller.settling import Settler
-from ungater._decide.decision import active_slice
+from ungater._controller.view import Bounds, ViewReader
 from ungater._kube.client import PODS
-from ungater._kube.kueue import workload_resource
-from ungater._model.views import MalformedObject, parse_pod, parse_workload
+from ungater._model.views import MalformedObject, parse_pod
 
 
 async def _settle_expired_unseen_dropped(self: Any, key: Any, rt: Any, uids: Any) -> None:
@@ -44,21 +42,14 @@ async def _settle_expired_unseen_dropped(self: Any, key: Any, rt: Any, uids: Any
             s.expectations.expect(key, [uid], rt.kind)
 
 
-async def _refresh_one_slice(self: Any, key: Any, slices: Any) -> Any:
-    """Before: the fence read the active slice only, and used whatever was active after."""
-    active = active_slice(slices)
-    assert active is not None
-    res = workload_resource(self.s.workload_version)
-    obj = await self.s.client.get(res, active.namespace, active.name)
-    fresh = parse_workload(obj) if obj is not None else None
-    if fresh is None or fresh.uid != active.uid:
-        self.s.workloads.on_change(active, None)
-        return []
-    self.s.workloads.on_change(active, fresh)
-    return self.s.workloads.for_owner(key.uid)
+async def _bounds_on_cached_slices(self: Any, key: Any, rt: Any, owner: Any, slices: Any) -> Bounds:
+    """Planted: the view reads the owner but keeps the cached slices (a slice lowered in place
+    by Kueue, unseen by the Workload watch, then caps too high)."""
+    fresh = await _bounds(self, key, rt, owner, slices)
+    return Bounds(tuple(slices), fresh.owner_facts, fresh.owner_error, fresh.vias, fresh.gone)
 
 
-_release = Patcher.release
+_bounds = ViewReader.bounds
 
 
 async def _resend_whatever_changed(self: Any, r: Any, unchanged: Any = None) -> str:
@@ -85,17 +76,7 @@ async def _release_all_checking_resends_only(
     return outcomes
 
 
-_refresh = FreshReads.refresh
-
-
-async def _refresh_what_looked_stale(
-    self: Any, key: Any, rt: Any, owner: Any, slices: Any, stale_owner: Any, stale_slice: Any
-) -> Any:
-    """Before: the fence read only the views that looked older than the shrink mark."""
-    unproven = self.unproven(key)
-    old_owner = self.owner_may_be_stale(key, rt, owner) or (unproven and self.owner_readable(rt))
-    old_slice = unproven or self.slice_may_be_stale(key, slices)
-    return await _refresh(self, key, rt, owner, slices, old_owner, old_slice)
+_release = Patcher.release
 
 
 @contextmanager
@@ -108,8 +89,8 @@ def unseen_pod() -> Iterator[None]:
 
 
 @contextmanager
-def slice_chain() -> Iterator[None]:
-    with mock.patch.object(FreshReads, "refresh_slice", _refresh_one_slice):
+def cached_slices() -> Iterator[None]:
+    with mock.patch.object(ViewReader, "bounds", _bounds_on_cached_slices):
         yield
 
 
@@ -133,18 +114,11 @@ def first_send() -> Iterator[None]:
         yield
 
 
-@contextmanager
-def slice_with_owner() -> Iterator[None]:
-    with mock.patch.object(FreshReads, "refresh", _refresh_what_looked_stale):
-        yield
-
-
 #: fix -> (how to undo it, the scenario that must then break)
 REVERTS: dict[str, tuple[Callable[[], Any], str]] = {
     "unseen-pod": (unseen_pod, "term-unseen-pod"),
-    "slice-chain": (slice_chain, "slice-chain"),
+    "cached-slices": (cached_slices, "touched-slice"),
     "resend": (resend, "other-gate-shrink"),
     "term-start": (term_start, "handover"),
     "first-send": (first_send, "queued-sends"),
-    "slice-with-owner": (slice_with_owner, "touched-slice"),
 }

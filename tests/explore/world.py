@@ -510,7 +510,6 @@ def _replica_state(rep: Replica) -> tuple[Any, ...]:
         tuple(sorted(ledger.written.items())),
         tuple(sorted(ledger.ours)),
         tuple(sorted(ledger.foreign_seen)),
-        tuple(sorted((str(k), v) for k, v in s.shrink_rv.items())),
         tuple(sorted(s.owner_rv.items())),
         None if s.proven is None else tuple(sorted(map(str, s.proven))),
         s.term_rv,

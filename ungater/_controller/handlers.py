@@ -115,11 +115,6 @@ class EventHandlers:
         if new is not None:
             if old is None or old.facts != new.facts:  # its size may have grown
                 s.releasable.room_made(OwnerKey(new.namespace, new.uid))
-            rv = resource_version_number(new.resource_version)
-            if old is not None and old.facts != new.facts and rv is not None:
-                # it may have shrunk: Kueue then lowers its slice in place, so a cached slice
-                # older than this change may count too high (the slice fence, reconciler.py)
-                s.freshness.may_have_shrunk(OwnerKey(new.namespace, new.uid), rv)
             s.keep_owner(new)
         elif old is not None:
             s.forget_owner(old)
@@ -183,17 +178,11 @@ class EventHandlers:
             ctrl = pod.controller
             keys = s.owners_of(pod.namespace, ctrl.uid if ctrl else None)
             freed = _released_live(old, gate) and not _released_live(new, gate)
-            # any pod that ends or goes, released or gated: the owner may have shrunk, and
-            # Kueue lowers a shrunk owner's slice in place once its pods are gone
-            left = _live(old) and not _live(new)
-            rv = resource_version_number(pod.resource_version)
             for key in keys:
                 if s.trace.on:
                     s.trace.point("pod_event", key, pod=pod.uid, gone=new is None)
                 if freed:
                     s.releasable.room_made(key)
-                if freed or left:
-                    s.freshness.may_have_shrunk(key, rv)
                 s.queue.add(key)
 
         return on_pod

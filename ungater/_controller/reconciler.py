@@ -1,11 +1,12 @@
-"""One owner key to the patches it needs: expectations, then decide, then refresh the owner,
-then release.
+"""One owner key to the patches it needs: settle our writes, ask the caches, read the view,
+decide, release.
 
 ``Reconciler._reconcile`` is the whole path, read top to bottom (``reconcile`` adds the
-trace's start and end around it, ``logging.trace``). It never decides on a cache
-that has not seen its own writes (expectations, settled from the API server when they expire),
-refills no freed slot from an owner view that may predate a scale-down (a quorum read first),
-and in audit mode compares instead of patching. Patch requests and their outcomes are
+trace's start and end around it, ``logging.trace``). It never decides on a cache that has not
+seen its own writes (expectations, settled from the API server when they expire); the caches
+only say whether a release may be due, and every release is decided on the view of ``view.py``
+(the pods, then every bound read from the API server after them). In audit mode it compares
+instead of patching. Patch requests and their outcomes are
 ``patcher.py``'s; what the operator is told, ``notices.py``'s.
 """
 
@@ -14,7 +15,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from ungater._controller.freshreads import FreshReads
 from ungater._controller.notices import Notices
 from ungater._controller.patcher import (
     BLOCKED,
@@ -29,13 +29,13 @@ from ungater._controller.patcher import (
 from ungater._controller.patcher import RELEASED as PATCH_RELEASED
 from ungater._controller.settling import Settler
 from ungater._controller.state import KindRuntime, State, resource_version_number
-from ungater._decide.assess import owner_facts_of, owner_of, pod_facts, pod_selectors, via_objects
+from ungater._controller.view import Bounds, PodSnapshot, ViewReader
+from ungater._decide.assess import owner_facts_of, owner_of, pod_facts, via_objects
 from ungater._decide.decision import Decision, PodFacts, Release, active_slice, decide
 from ungater._decide.indexes import OwnerKey
 from ungater._model.views import (
     ADMITTED,
     ObjectRef,
-    ObjectView,
     PodView,
     WorkloadView,
 )
@@ -60,7 +60,7 @@ class Reconciler:
         self.s = state
         self.notices = notices
         self.patcher = patcher
-        self.reads = FreshReads(state)
+        self.view = ViewReader(state)
         self.settler = Settler(state)
         #: Called with each decision that releases, before any patch is sent (no await
         #: between): what tests and tools watch the controller decide through.
@@ -114,31 +114,19 @@ class Reconciler:
             deadline = s.expectations.next_deadline(key)
             s.queue.add_after(key, max(deadline if deadline is not None else 1.0, 0.01))
             return None
-        if rt.handler.spec.owner_resource is not None and owner.uid not in s.owner_facts:
-            # its size bounds the cap, and a size unknown releases nothing: read it now
-            # rather than wait for a lagging owner watch (gone: it stays unknown)
-            await self.reads.refresh_owner(rt, key.namespace, owner)
-        decision = self._decide(key, rt, owner, slices)
+        cached = self._cached_view(key, rt, owner, slices)
+        decision = self._decide(key, rt, owner, cached, unbounded_if_uncached=True)
         if decision.releases:
-            # a pod ended or went, or the owner changed, after our last view of the owner or
-            # of its slice: the owner may have shrunk first (scale-down), and Kueue lowers a
-            # shrunk owner's slice in place after its pods went; and a new leader's caches may
-            # lag what the last one did. Release nothing until fresh reads say how it is.
-            unproven = self.reads.unproven(key)
-            stale_owner = self.reads.owner_may_be_stale(key, rt, owner)
-            stale_slice = self.reads.slice_may_be_stale(key, slices)
-            if unproven or stale_owner or stale_slice:
-                # a view that may predate a shrink is never the only one read anew: a slice
-                # can look newer than the shrink (another write to it) and still not show
-                # Kueue's lowering, and an owner read grown back says nothing of the slice
-                stale_owner = self.reads.owner_readable(rt)
-                stale_slice = True
-                fresh = await self.reads.refresh(key, rt, owner, slices, stale_owner, stale_slice)
-                if not fresh:
-                    return None
-                slices = fresh
-                pods = await self.reads.read_pods(key, rt, owner) if unproven else None
-                decision = self._decide(key, rt, owner, slices, pods)
+            # the caches say a release is due: decide again on the view (view.py), the pods
+            # first, then every bound read from the API server after them
+            snapshot = cached[0]
+            if s.freshness.unproven(key):  # a new term: the caches may lag the last leader
+                snapshot = await self.view.quorum_snapshot(key, rt, owner, self._in_flight(key))
+            bounds = await self.view.bounds(key, rt, owner, s.workloads.for_owner(key.uid))
+            if bounds.gone:
+                return None
+            slices = list(bounds.slices)
+            decision = self._decide(key, rt, owner, (snapshot, bounds))
         if s.trace.on:
             s.trace.point("decided", key, releases=len(decision.releases))
         self.notices.stuck(key, decision)
@@ -151,35 +139,46 @@ class Reconciler:
 
     # -- deciding --------------------------------------------------------------------------------
 
-    def _inputs(
-        self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef, pods: list[PodView] | None = None
-    ) -> tuple[list[PodFacts], Mapping[str, int] | None, str]:
-        """The decision's input from what the caches hold now (or from ``pods``, read fresh):
-        pod facts, the owner's size, and why that size is unknown (empty when it is known)."""
-        vias = via_objects(rt.handler, owner, self.s.objects_controlled_by(owner.uid))
-        owner_facts = owner_facts_of(rt.handler, self.s.owner_facts.get(owner.uid), vias)
-        if pods is None:
-            pods = [
-                p
-                for selector in pod_selectors(rt.handler, owner, vias)
-                for p in rt.pods.select(key.namespace, selector)
-            ]
-        facts = pod_facts(rt.handler, owner, pods, self.s.objects, owner_facts)
-        desired = rt.handler.desired_counts(owner_facts) if owner_facts is not None else None
-        return facts, desired, self._size_unknown(rt, owner, vias)
+    def _in_flight(self, key: OwnerKey) -> Callable[[list[PodView]], frozenset[str]]:
+        """Which of these pods our writes may have released though their views do not show it:
+        expected, unanswered, or released at a version newer than the view (the ledger)."""
+        s = self.s
 
-    def _size_unknown(self, rt: KindRuntime, owner: ObjectRef, vias: list[ObjectView]) -> str:
+        def of(pods: list[PodView]) -> frozenset[str]:
+            return (
+                s.expectations.pending(key) | self._released_unseen(pods) | frozenset(s.uncertain)
+            )
+
+        return of
+
+    def _cached_view(
+        self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef, slices: list[WorkloadView]
+    ) -> tuple[PodSnapshot, Bounds]:
+        """The caches, shaped as a view: they say whether a view is worth reading, and are what
+        audit mode compares with (it patches nothing)."""
+        s = self.s
+        snapshot = self.view.snapshot(key, rt, owner, self._in_flight(key))
+        vias = via_objects(rt.handler, owner, s.objects_controlled_by(owner.uid))
+        bounds = Bounds(
+            tuple(slices),
+            s.owner_facts.get(owner.uid),
+            s.owner_errors.get(owner.uid, ""),
+            tuple(vias),
+            gone=False,
+        )
+        return snapshot, bounds
+
+    def _size_unknown(self, rt: KindRuntime, owner: ObjectRef, bounds: Bounds) -> str:
         """Why the owner's own size cannot be read, if it cannot: a bound that fails must hold
         everything, not fall back to the slice alone."""
-        errors = [f"{v.kind} {v.name}: {v.facts_error}" for v in vias if v.facts_error]
+        errors = [f"{v.kind} {v.name}: {v.facts_error}" for v in bounds.vias if v.facts_error]
         if errors:
             return "; ".join(errors)
         if rt.handler.spec.owner_resource is None:
             return ""
-        error = self.s.owner_errors.get(owner.uid)
-        if error is not None:
-            return error
-        if owner.uid not in self.s.owner_facts:
+        if bounds.owner_error:
+            return bounds.owner_error
+        if bounds.owner_facts is None:
             return f"{owner.kind} {owner.name} is not in the cache (yet)"
         return ""
 
@@ -188,7 +187,8 @@ class Reconciler:
     ) -> Decision:
         """Audit mode: the same decision, compared with the pods as they are; nothing patched."""
         s = self.s
-        facts, desired, _unknown = self._inputs(key, rt, owner)
+        snapshot, bounds = self._cached_view(key, rt, owner, slices)
+        facts, desired = self._facts(rt, owner, snapshot, bounds)
         decision, wait = s.auditor.observe(
             key,
             str(rt.kind),
@@ -205,30 +205,42 @@ class Reconciler:
             s.queue.add_after(key, wait)
         return decision
 
+    def _facts(
+        self, rt: KindRuntime, owner: ObjectRef, snapshot: PodSnapshot, bounds: Bounds
+    ) -> tuple[list[PodFacts], Mapping[str, int] | None]:
+        """The plugin's facts of each pod of the view, and the owner's size per pod set."""
+        owner_facts = owner_facts_of(rt.handler, bounds.owner_facts, list(bounds.vias))
+        facts = pod_facts(rt.handler, owner, snapshot.pods, self.s.objects, owner_facts)
+        desired = rt.handler.desired_counts(owner_facts) if owner_facts is not None else None
+        return facts, desired
+
     def _decide(
         self,
         key: OwnerKey,
         rt: KindRuntime,
         owner: ObjectRef,
-        slices: list[WorkloadView],
-        fresh_pods: list[PodView] | None = None,
+        view: tuple[PodSnapshot, Bounds],
+        unbounded_if_uncached: bool = False,
     ) -> Decision:
-        """The pure decision on what the caches hold now for this owner (its pods as
-        ``fresh_pods`` says, when they were read from the API server)."""
-        facts, desired, unknown = self._inputs(key, rt, owner, fresh_pods)
-        pods = [f.pod for f in facts]
+        """The pure decision on one view. ``unbounded_if_uncached``: an owner the cache does
+        not hold yet does not stop the caches from asking for a view (the view reads it)."""
+        snapshot, bounds = view
+        facts, desired = self._facts(rt, owner, snapshot, bounds)
+        unknown = self._size_unknown(rt, owner, bounds)
+        if unbounded_if_uncached and bounds.owner_facts is None and not bounds.owner_error:
+            unknown = ""
         s = self.s
-        blocked = s.blocked.waiting(p.uid for p in pods)
+        blocked = s.blocked.waiting(f.pod.uid for f in facts)
         retry = s.blocked.next_retry(blocked)
         if retry is not None:
             # a refused pod is tried again when its backoff runs out, whatever earlier wake-up
             # of this owner consumed the one the refusal set
             s.queue.add_after(key, max(retry, 0.01))
         return decide(
-            slices,
+            list(bounds.slices),
             facts,
             rt.gate,
-            s.expectations.pending(key) | self._released_unseen(pods) | frozenset(s.uncertain),
+            snapshot.in_flight,
             apply_pod_set_updates=s.config.apply_pod_set_updates,
             desired=desired,
             blocked=blocked,
@@ -238,13 +250,12 @@ class Reconciler:
     # -- views that may be stale -----------------------------------------------------------------
 
     def _basis(self, key: OwnerKey) -> tuple[object, ...]:
-        """What a decision for this owner read beside its pods, by version: the owner, its
-        slices, the objects it is sized by, and the newest moment it may have shrunk. A release
-        is sent (a refused one resent) only while this is unchanged: a send is the decision as
-        it was, and one that waited for a patch slot may be older than the caches."""
+        """The caches' versions of what bounds this owner's pods: the owner, its slices, the
+        objects it is sized by. A release is sent (a refused one resent) only while this is as
+        it was when the decision was made: one that waited for a patch slot while a cache
+        showed a change is decided again instead."""
         s = self.s
         return (
-            s.shrink_rv.get(key),
             s.owner_rv.get(key.uid),
             tuple((w.uid, w.resource_version) for w in s.workloads.for_owner(key.uid)),
             tuple(sorted((o.uid, o.resource_version) for o in s.objects_controlled_by(key.uid))),

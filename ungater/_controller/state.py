@@ -139,8 +139,8 @@ class State:
         # what we know of writes to our pods' gates, ours and others' (ungater._decide.ledger)
         self.ledger = Ledger(config.expectations_timeout_seconds, clock)
         self.decisions: dict[OwnerKey, Decision] = {}  # each owner's last decision
-        # when a cached view is fresh enough to decide on (ungater._decide.freshness): the
-        # shrink marks, the owners' versions, the term's start and the owners proven in it
+        # whether a new term may trust its caches (ungater._decide.freshness): the term's
+        # start, the owners proven in it, and the owners' cached versions
         self.freshness = Freshness()
         rb = config.release_blocked
         self.blocked = BlockedReleases(  # releases refused for good, per pod
@@ -156,10 +156,6 @@ class State:
         self.stop: anyio.Event | None = None  # the manager's stop, once it runs
 
     # -- the ledger's parts, by the names the controller's parts use ---------------------------
-
-    @property
-    def shrink_rv(self) -> dict[OwnerKey, int]:
-        return self.freshness.shrink_rv
 
     @property
     def owner_rv(self) -> dict[str, int]:

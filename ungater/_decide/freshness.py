@@ -1,22 +1,15 @@
-"""Freshness: when a cached view is fresh enough to decide on, and when it must be read anew.
+"""Freshness: whether a new term may trust its caches, and the version each owner was cached at.
 
-Caches lag the API server. Two marks say when a lag can matter (docs/safety.md):
+A new leader's caches may lag the previous leader's releases. ``term_rv`` is where this
+replica's term began (the Lease write), and ``proven`` the owners whose cached pods a quorum
+LIST has matched since. Until every cache has seen past ``term_rv`` (``cache_versions``), an
+unproven owner's release is decided on a quorum LIST of its pods (``view.quorum_snapshot``),
+not on the pod cache. ``term_start`` gives the term's start from the moment this replica leads,
+before its workers run, for telling the previous leader's releases from another writer's.
 
-- ``shrink_rv``: per owner, the newest resourceVersion at which it may have shrunk (one of its
-  pods ended or went, or its own object's facts changed). An owner view or an active slice
-  older than that may predate the shrink (Kueue lowers a shrunk owner's slice in place, after
-  its pods went): a release is then decided on quorum reads of both (the fence);
-- the term: ``term_rv`` is where this replica's leadership term began (the Lease write), and
-  ``proven`` the owners whose cached pods a quorum read has matched since. Until every cache
-  has seen past ``term_rv`` (``cache_versions``), an unproven owner's first release is decided
-  on quorum reads: the previous leader's writes may not be in the caches yet.
-
-``owner_rv`` is the version each cached owner was read at (by watch or by fresh read; the newer
-wins). ``term_start`` gives the term's start from the moment this replica leads, before its
-workers run, for telling the previous leader's releases from another writer's. All the
-resourceVersion comparisons assume an etcd-backed API server (increasing integers across all
-resources); where a version is not an integer, the mark is not set and nothing is compared.
-No I/O here.
+``owner_rv`` is the version each cached owner was read at; a cache keeps the newer version.
+The comparisons assume an etcd-backed API server (increasing integers across all resources);
+where a version is not an integer nothing is compared. No I/O here.
 """
 
 from __future__ import annotations
@@ -36,23 +29,11 @@ def version_number(resource_version: str) -> int | None:
 
 class Freshness:
     def __init__(self) -> None:
-        self.shrink_rv: dict[OwnerKey, int] = {}
         self.owner_rv: dict[str, int] = {}
         self.term_rv = 0
         self.proven: set[OwnerKey] | None = None  # None: no proof needed (no term changed)
         self.cache_versions: Callable[[], Iterable[str]] = lambda: ()
         self.term_start: Callable[[], int] = lambda: self.term_rv
-
-    def may_have_shrunk(self, key: OwnerKey, resource_version: int | None) -> None:
-        """The owner may have shrunk at this version: views older than it may predate it."""
-        if resource_version is not None:
-            self.shrink_rv[key] = max(resource_version, self.shrink_rv.get(key, 0))
-
-    def predates_shrink(self, key: OwnerKey, resource_version: int | None) -> bool:
-        """Whether a view at ``resource_version`` may predate the owner's last shrink (a view
-        whose version cannot be ordered may)."""
-        freed = self.shrink_rv.get(key)
-        return freed is not None and (resource_version is None or resource_version < freed)
 
     def begin_term(self, resource_version: int) -> None:
         """A term starts: every owner is unproven until a read or the caches show otherwise."""

@@ -414,11 +414,11 @@ async def test_a_release_waiting_for_a_patch_slot_is_not_sent_past_a_shrink_the_
 
 @pytest.mark.anyio
 async def test_a_slice_touched_after_the_pods_went_is_read_anew_with_the_owner() -> None:
-    """The Job shrinks 4 -> 2 (its owner watch then lags), pods 2 and 3 go: the shrink mark is
-    set. An unrelated write to the slice is seen, so the cached slice is newer than the mark;
-    then Kueue lowers the slice to 2 (not seen) and the Job grows back to 4 with two new pods.
-    The fence reads the owner (grown back): it must read the slice too, or the old count (4)
-    releases 4 pods for a slice of 2."""
+    """The Job shrinks 4 -> 2 (its owner watch then lags), pods 2 and 3 go. An unrelated write
+    to the slice is seen, so the cached slice is newer than the victims' going; then Kueue
+    lowers the slice to 2 (not seen) and the Job grows back to 4 with two new pods. The view
+    reads the owner (grown back) and the slice: without the slice, the old count (4) releases
+    4 pods for a slice of 2."""
     fake = FakeKube()
     client = Lagging(fake)
     j = fake.put(JOBS, job("train", parallelism=4, completions=4))
@@ -432,7 +432,8 @@ async def test_a_slice_touched_after_the_pods_went_is_read_anew_with_the_owner()
         for p in pods[2:]:
             fake.finalize(PODS, NAMESPACE, p["metadata"]["name"])
             fake.delete(PODS, NAMESPACE, p["metadata"]["name"])
-        await eventually(lambda: key in ctl.state.shrink_rv, what="the shrink mark")
+        rt = ctl.kinds[next(iter(ctl.kinds))]
+        await eventually(lambda: len(rt.pods) == 2, what="the victims gone from the cache")
         start = fake.rv
         touched = fake.read(WORKLOADS, NAMESPACE, wl["metadata"]["name"]) or {}
         touched["metadata"].setdefault("labels", {})["touched"] = "yes"

@@ -64,11 +64,10 @@ from ungater._controller.controller import Controller
 from ungater._controller.reconciler import Reconciler
 from ungater._controller.state import KindRuntime
 from ungater._decide.decision import PodFacts
-from ungater._decide.indexes import OwnerKey
 from ungater._kube.client import PODS, Resource
 from ungater._kube.leader import LeaderElector
 from ungater._model.config import Config
-from ungater._model.views import FINISHED, ObjectRef, PodView
+from ungater._model.views import FINISHED, ObjectRef
 from ungater._plugins.registry import PluginRegistry
 
 JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
@@ -599,15 +598,15 @@ class Replica:
         # decision was made on one (a new term's proof); the newer of the two per pod
         self.pods_seen: dict[tuple[str, str], dict[str, int]] = {}
         listed: dict[Any, dict[str, int]] = {}  # owner key -> its pods' last quorum list
-        reads = self.ctl.reconciler.reads
-        read_pods = reads.read_pods
+        view = self.ctl.reconciler.view
+        quorum_snapshot = view.quorum_snapshot
 
-        async def reading(key: Any, rt: Any, owner: Any) -> Any:
-            pods = await read_pods(key, rt, owner)
-            listed[key] = {p.uid: int(p.resource_version) for p in pods}
-            return pods
+        async def reading(key: Any, rt: Any, owner: Any, in_flight: Any) -> Any:
+            snapshot = await quorum_snapshot(key, rt, owner, in_flight)
+            listed[key] = {p.uid: int(p.resource_version) for p in snapshot.pods}
+            return snapshot
 
-        reads.read_pods = reading  # type: ignore[method-assign]
+        view.quorum_snapshot = reading  # type: ignore[method-assign]
 
         def decided(key: Any, decision: Any) -> None:
             # called right after the decision, with no await between: the caches it decided on
@@ -786,19 +785,15 @@ async def test_the_world_catches_a_controller_that_stops_counting_the_other_rele
     to excuse any excess within 2.5 virtual seconds of another release, about its whole
     history, and passed all 200 seeds with this bug; it now excuses only releases the deciding
     replica's pod view had not shown, and must report it."""
-    inputs = Reconciler._inputs
+    facts_of = Reconciler._facts
 
     def blind(
-        self: Reconciler,
-        key: OwnerKey,
-        rt: KindRuntime,
-        owner: ObjectRef,
-        pods: list[PodView] | None = None,
-    ) -> tuple[list[PodFacts], Mapping[str, int] | None, str]:
-        facts, desired, unknown = inputs(self, key, rt, owner, pods)
-        return [f for f in facts if f.pod.uid not in self.s.foreign_seen], desired, unknown
+        self: Reconciler, rt: KindRuntime, owner: ObjectRef, snapshot: Any, bounds: Any
+    ) -> tuple[list[PodFacts], Mapping[str, int] | None]:
+        facts, desired = facts_of(self, rt, owner, snapshot, bounds)
+        return [f for f in facts if f.pod.uid not in self.s.foreign_seen], desired
 
-    monkeypatch.setattr(Reconciler, "_inputs", blind)
+    monkeypatch.setattr(Reconciler, "_facts", blind)
     caught = []
     for seed in PLANTED_SEEDS:
         world, _ = await play(seed, settle=False)

@@ -735,11 +735,6 @@ async def free_a_slot(ctl: Controller, fake: FakeKube, key: OwnerKey, pod: dict[
     is free, and the reconcile must read both fresh before refilling it."""
     released_by_someone(fake, pod, phase="Failed")
     await cached(ctl, key, fake, 3)
-    await eventually(lambda: key in ctl.state.shrink_rv, timeout=3, what="the freed slot")
-    freed = ctl.state.shrink_rv[key]
-    assert ctl.state.owner_rv[key.uid] < freed  # the fence is up for the owner ...
-    slice_ = ctl.workloads.for_owner(key.uid)[0]
-    assert int(slice_.resource_version) < freed  # ... and for its slice
 
 
 async def synced_owner(ctl: Controller, key: OwnerKey) -> None:
@@ -757,7 +752,7 @@ async def synced_then_blind(ctl: Controller, fake: FakeKube, key: OwnerKey, plur
 async def test_a_freed_slot_is_refilled_after_reading_the_job_and_its_slice_fresh() -> None:
     """The fence reads the owner as the plugin names it (batch/v1 jobs, kind Job) and the
     slice at the served Workload version; both agree with the caches, so the freed slot is
-    refilled, and the fresh owner's resourceVersion is kept."""
+    refilled. The reads are the decision's own: the caches keep what their watches showed."""
     fake = FakeKube()
     client = Recording(fake)
     j, key, pods = fenced_job(fake)
@@ -777,7 +772,7 @@ async def test_a_freed_slot_is_refilled_after_reading_the_job_and_its_slice_fres
         assert ctl.state.workload_version == "v1beta2"
         now = fake.read(JOBS, NAMESPACE, name(j))
         assert now is not None
-        assert ctl.state.owner_rv[key.uid] == int(now["metadata"]["resourceVersion"])
+        assert ctl.state.owner_rv[key.uid] < int(now["metadata"]["resourceVersion"])
 
 
 @pytest.mark.parametrize("failing", ["jobs", "workloads"])
@@ -805,10 +800,10 @@ async def test_a_fence_read_that_fails_refills_nothing_and_fails_the_reconcile(
         assert gated(fake, pods[2])
 
 
-@pytest.mark.parametrize("how", ["replaced", "gone", "unordered"])
+@pytest.mark.parametrize("how", ["replaced", "gone"])
 async def test_a_freed_slot_is_not_refilled_when_the_fresh_job_is_not_ours(how: str) -> None:
-    """The owner read fresh is another object of the same name (another UID), is gone, or
-    has a resourceVersion that cannot be ordered: nothing may be released for it."""
+    """The owner read fresh is another object of the same name (another UID), or is gone:
+    nothing may be released for it."""
     fake = FakeKube()
     client = Recording(fake)
     j, key, pods = fenced_job(fake)
@@ -820,13 +815,6 @@ async def test_a_freed_slot_is_not_refilled_when_the_fresh_job_is_not_ours(how: 
             other = job("train", parallelism=3)
             other["metadata"]["uid"] = key.uid + "-other"
             fake.put(JOBS, other)
-        if how == "unordered":
-
-            def unordered(obj: dict[str, Any]) -> dict[str, Any]:
-                obj["metadata"]["resourceVersion"] = "not-a-number"
-                return obj
-
-            client.rewrite["jobs"] = unordered
         await free_a_slot(ctl, fake, key, pods[0])
         client.gets.clear()
         assert await ctl.reconciler.reconcile(key) is None
@@ -838,7 +826,7 @@ async def test_a_freed_slot_is_not_refilled_when_the_fresh_job_is_not_ours(how: 
 @pytest.mark.parametrize("how", ["replaced", "gone"])
 async def test_a_freed_slot_is_not_refilled_when_the_fresh_slice_is_not_ours(how: str) -> None:
     """The slice read fresh is gone, or another Workload of the same name (another UID, even
-    one admitting more): it is forgotten from the cache and nothing is released."""
+    one admitting more): no slice is active in the view, and nothing is released."""
     fake = FakeKube()
     j, key, pods = fenced_job(fake)
     async with standby(fake) as (ctl, _):
@@ -850,15 +838,14 @@ async def test_a_freed_slot_is_not_refilled_when_the_fresh_slice_is_not_ours(how
             other["metadata"]["uid"] = old.uid + "-other"
             fake.put(WORKLOADS, other)
         await free_a_slot(ctl, fake, key, pods[0])
-        assert await ctl.reconciler.reconcile(key) is None
+        decision = await ctl.reconciler.reconcile(key)
+        assert decision is not None and not decision.releases and decision.active_slice is None
         assert gated(fake, pods[2]) and not fake.patches
-        assert ctl.workloads.for_owner(key.uid) == []
-        assert old.uid not in ctl.workloads.by_uid
 
 
 async def test_a_slice_lowered_in_place_is_honoured_from_the_fresh_read() -> None:
     """Kueue lowered the slice to 1 after pod 0 failed; the Workload watch has not shown it.
-    The fresh read puts the lowered slice in the cache and the freed slot stays free."""
+    The fresh read shows the lowered slice and the freed slot stays free."""
     fake = FakeKube()
     j, key, pods = fenced_job(fake)
     async with standby(fake) as (ctl, _):
@@ -868,8 +855,7 @@ async def test_a_slice_lowered_in_place_is_honoured_from_the_fresh_read() -> Non
         decision = await ctl.reconciler.reconcile(key)
         assert decision is not None and not decision.releases
         assert gated(fake, pods[2]) and not fake.patches
-        (held,) = ctl.workloads.for_owner(key.uid)
-        assert held.resource_version == lowered["metadata"]["resourceVersion"]
+        assert decision.pod_sets[0].cap == 1, lowered
 
 
 # -- reconcile: owners without slices, kinds not configured, audit mode ------------------------
@@ -1008,8 +994,8 @@ async def test_pods_kept_gated_by_conflicting_updates_are_announced_for_their_ow
 
 
 async def test_a_slice_read_back_under_another_owner_is_no_longer_this_owners() -> None:
-    """The slice read fresh names another controller (its ownerReference was changed): the
-    cache moves it to that owner, and nothing is released for this one on its count."""
+    """The slice read fresh names another controller (its ownerReference was changed): it is
+    not this owner's slice any more, and nothing is released for this one on its count."""
     fake = FakeKube()
     _, key, pods = fenced_job(fake)
     other = fake.put(JOBS, job("other", parallelism=1))
@@ -1023,10 +1009,9 @@ async def test_a_slice_read_back_under_another_owner_is_no_longer_this_owners() 
         ]
         fake.put(WORKLOADS, reowned)
         await free_a_slot(ctl, fake, key, pods[0])
-        assert await ctl.reconciler.reconcile(key) is None
+        decision = await ctl.reconciler.reconcile(key)
+        assert decision is not None and not decision.releases and decision.active_slice is None
         assert gated(fake, pods[2]) and not fake.patches
-        assert ctl.workloads.for_owner(key.uid) == []
-        assert [w.uid for w in ctl.workloads.for_owner(other["metadata"]["uid"])] == [old.uid]
 
 
 # -- _inputs: a kind whose pods are selected through another object ------------------------------
@@ -1085,9 +1070,9 @@ async def test_a_freed_rayjob_slot_is_refilled_only_from_its_raycluster_read_fre
 ) -> None:
     """A RayJob's released worker fails after the cached RayCluster was last seen: the fence
     reads that RayCluster (ray.io/v1 rayclusters, by namespace and name) before refilling.
-    Unchanged: the slot is refilled. Shrunk to 1 worker meanwhile: kept in the cache, and the
-    one live worker already fills it. Another object under the name: forgotten, and without
-    it nothing is released."""
+    Unchanged: the slot is refilled. Shrunk to 1 worker meanwhile: the one live worker
+    already fills it. Another object under the name: the size is unknown, nothing is
+    released."""
     fake = FakeKube()
     client = Recording(fake)
     owner = ray_owner("RayJob", "train")
@@ -1129,15 +1114,13 @@ async def test_a_freed_rayjob_slot_is_refilled_only_from_its_raycluster_read_fre
             fake.put(RAYCLUSTERS, fake.read(RAYCLUSTERS, NAMESPACE, rc_name))  # a newer rv
         released_by_someone(fake, workers[0], phase="Failed")
         await eventually(synced, timeout=5, what="the failed worker cached")
-        await eventually(lambda: key in ctl.state.shrink_rv, timeout=3, what="the freed slot")
         client.calls.clear()
         await ctl.reconciler.reconcile(key)
         reads = [c for c in client.calls if c[0].plural == "rayclusters"]
         assert reads == [(RAYCLUSTERS, NAMESPACE, rc_name)]
         assert gated(fake, workers[2]) == (fresh != "unchanged")
         assert not gated(fake, head)
-        kept = [v.uid for v in ctl.state.objects_controlled_by(key.uid)]
-        assert kept == ([] if fresh == "replaced" else [rc["metadata"]["uid"]])
+        assert [v.uid for v in ctl.state.objects_controlled_by(key.uid)] == [rc["metadata"]["uid"]]
 
 
 async def test_our_own_release_seen_and_then_ended_frees_its_slot() -> None:
@@ -1159,9 +1142,9 @@ async def test_our_own_release_seen_and_then_ended_frees_its_slot() -> None:
         assert not gated(fake, pods[1])
 
 
-async def test_releases_into_new_capacity_never_read_the_owner_or_slice() -> None:
-    """Admission fills a slice's capacity: no slot was freed, so nothing may predate a shrink
-    and the fence sends no read (docs/architecture.md: those releases never pay for it)."""
+async def test_releases_into_new_capacity_read_the_owner_and_slice_once_after_the_pods() -> None:
+    """Admission fills a slice's capacity: the decision still rests on the view (the pods
+    from the cache, then the Job and its slice read fresh, once each, together)."""
     fake = FakeKube()
     client = Recording(fake)
     _, key, _ = setup(fake, pods=2, admitted=2)
@@ -1171,86 +1154,27 @@ async def test_releases_into_new_capacity_never_read_the_owner_or_slice() -> Non
         client.gets.clear()
         decision = await ctl.reconciler.reconcile(key)
         assert decision is not None and len(decision.released_names) == 2
-        assert [r for r in client.gets if r.plural != "pods"] == []
+        assert sorted(r.plural for r in client.gets if r.plural != "pods") == ["jobs", "workloads"]
 
 
-async def test_a_freed_slot_with_owner_and_slice_seen_since_is_refilled_without_a_read() -> None:
-    """The released pod failed, but the cached Job and slice have both been seen at newer
-    resourceVersions since: they cannot predate a shrink that came before the pod's end, so
-    the slot is refilled with no fresh read."""
-    fake = FakeKube()
-    client = Recording(fake)
-    j, key, pods = fenced_job(fake)
-    async with standby(fake, client=client) as (ctl, _):
-        await cached(ctl, key, fake, 3)
-        await synced_owner(ctl, key)
-        released_by_someone(fake, pods[0], phase="Failed")
-        await cached(ctl, key, fake, 3)
-        await eventually(lambda: key in ctl.state.shrink_rv, timeout=3, what="the freed slot")
-        freed = ctl.state.shrink_rv[key]
-        fake.put(JOBS, fake.read(JOBS, NAMESPACE, name(j)))
-        wl = fake.items(WORKLOADS)[0]
-        fake.put(WORKLOADS, wl)
-        await eventually(
-            lambda: (
-                ctl.state.owner_rv[key.uid] > freed
-                and int(ctl.workloads.for_owner(key.uid)[0].resource_version) > freed
-            ),
-            timeout=3,
-            what="the Job and its slice seen after the pod's end",
-        )
-        client.gets.clear()
-        decision = await ctl.reconciler.reconcile(key)
-        assert decision is not None and decision.released_names == [name(pods[2])]
-        assert [r for r in client.gets if r.plural != "pods"] == []
-
-
-async def test_a_freed_rayjob_slot_with_its_raycluster_seen_since_is_refilled_without_a_read() -> (
+async def test_a_job_shrunk_and_grown_back_unseen_by_the_caches_is_capped_by_its_fresh_slice() -> (
     None
 ):
-    """A RayJob's released worker failed, but the cached RayCluster (the object its size is
-    taken from) and the slice were seen at newer resourceVersions since: no fresh read."""
+    """Issue 40's first path: the Job shrank, its released pod went, Kueue lowered the slice
+    to 1 and the Job grew back, all unseen by the Job and Workload watches. The pod watch shows
+    the failed pod; the view reads the lowered slice, so the one released pod left fills it."""
     fake = FakeKube()
-    client = Recording(fake)
-    owner = ray_owner("RayJob", "train")
-    rc_name = "train-raycluster-abcde"
-    rc = fake.put(RAYCLUSTERS, cluster_of(owner, rc_name, {"workers": (2, 1)}))
-    fake.put(PODS, release(ray_head_pod(rc)))
-    workers = [
-        fake.put(PODS, ray_worker_pod(rc, "workers", replica_index=i, created=2 + i, seed=str(i)))
-        for i in range(3)
-    ]
-    for w in workers[:2]:
-        released_by_someone(fake, w)
-    fake.put(
-        WORKLOADS,
-        workload(owner, {"head": 1, "workers": 3}, admitted={"head": 1, "workers": 2}),
-    )
-    key = OwnerKey(NAMESPACE, owner["metadata"]["uid"])
-    cfg = config(kinds=[{"group": "ray.io", "kind": "RayJob"}])
-    async with standby(fake, cfg, client=client) as (ctl, _):
-        rt = ctl.kinds[Kind("ray.io", "RayJob")]
-        released_by_someone(fake, workers[0], phase="Failed")
-        await eventually(lambda: key in ctl.state.shrink_rv, timeout=3, what="the freed slot")
-        freed = ctl.state.shrink_rv[key]
-        fake.put(RAYCLUSTERS, fake.read(RAYCLUSTERS, NAMESPACE, rc_name))
-        fake.put(WORKLOADS, fake.items(WORKLOADS)[0])
-
-        def seen_since() -> bool:
-            vias = ctl.state.objects_controlled_by(key.uid)
-            slices = ctl.workloads.for_owner(key.uid)
-            return (
-                len(rt.pods) == 4
-                and len(vias) == 1
-                and int(vias[0].resource_version) > freed
-                and int(slices[0].resource_version) > freed
-            )
-
-        await eventually(seen_since, timeout=3, what="the RayCluster and slice seen since")
-        client.calls.clear()
+    j, key, pods = setup(fake, pods=3, admitted=3, released=2)
+    async with standby(fake) as (ctl, _):
+        await cached(ctl, key, fake, 3)
+        await synced_owner(ctl, key)
+        fake.drop_events = {"jobs", "workloads"}
+        fake.put(WORKLOADS, workload(j, {"main": 1}, admitted={"main": 3}))
+        released_by_someone(fake, pods[0], phase="Failed")
+        await cached(ctl, key, fake, 3)
         decision = await ctl.reconciler.reconcile(key)
-        assert decision is not None and decision.released_names == [name(workers[2])]
-        assert [c for c in client.calls if c[0].plural != "pods"] == []
+        assert decision is not None and not decision.releases
+        assert gated(fake, pods[2]) and not fake.patches
 
 
 class LabelOnlyJobs:
@@ -1271,7 +1195,7 @@ class LabelOnlyJobs:
 
 async def test_a_freed_slot_of_a_kind_whose_owner_is_never_read_is_refilled_without_one() -> None:
     """No owner resource and no objects between: there is no owner to read, so the fence
-    reads only the slice, and the freed slot is refilled under it."""
+    view reads only the slice, and the freed slot is refilled under it."""
     fake = FakeKube()
     client = Recording(fake)
     _, key, pods = fenced_job(fake)
@@ -1280,7 +1204,6 @@ async def test_a_freed_slot_of_a_kind_whose_owner_is_never_read_is_refilled_with
         assert ctl.kinds[JOB].handler.spec.owner_resource is None
         released_by_someone(fake, pods[0], phase="Failed")
         await cached(ctl, key, fake, 3)
-        await eventually(lambda: key in ctl.state.shrink_rv, timeout=3, what="the freed slot")
         client.gets.clear()
         decision = await ctl.reconciler.reconcile(key)
         assert decision is not None and decision.released_names == [name(pods[2])]
@@ -1290,7 +1213,7 @@ async def test_a_freed_slot_of_a_kind_whose_owner_is_never_read_is_refilled_with
 
 async def test_a_freed_slot_whose_job_was_never_cached_is_refilled_after_reading_it() -> None:
     """The Job watch has not shown the Job at all when a released pod fails: an owner never
-    seen is older than any freed slot, so the Job is read fresh (and kept) before the refill."""
+    the caches do not stop the view from being read, and the view reads the Job."""
     fake = FakeKube()
     client = Recording(fake)
     async with standby(fake, client=client) as (ctl, _):
@@ -1299,15 +1222,12 @@ async def test_a_freed_slot_whose_job_was_never_cached_is_refilled_after_reading
         await cached(ctl, key, fake, 3)
         released_by_someone(fake, pods[0], phase="Failed")
         await cached(ctl, key, fake, 3)
-        await eventually(lambda: key in ctl.state.shrink_rv, timeout=3, what="the freed slot")
         assert key.uid not in ctl.state.owner_rv
         client.gets.clear()
         decision = await ctl.reconciler.reconcile(key)
         assert decision is not None and decision.released_names == [name(pods[2])]
         assert JOB_RESOURCE in client.gets
-        now = fake.read(JOBS, NAMESPACE, name(j))
-        assert now is not None
-        assert ctl.state.owner_rv[key.uid] == int(now["metadata"]["resourceVersion"])
+        assert fake.read(JOBS, NAMESPACE, name(j)) is not None
 
 
 async def test_audit_mode_bounds_what_would_be_released_by_the_owners_size() -> None:

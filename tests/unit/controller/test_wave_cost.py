@@ -1,7 +1,7 @@
-"""What a release wave costs in requests to the API server: the safety mechanisms read only
-when a view may predate a shrink or a term, so an admission or a scale-up is one patch per pod
-and nothing else, and a freed slot refilled after a shrink costs one round of two reads (the
-owner and its slice, together). These counts are the cost side of docs/safety.md."""
+"""What a release wave costs in requests to the API server: every releasing decision rests on
+the view (docs/safety.md, "The view"), one round of reads sent together (the owner and each
+slice that may be active) before one patch per pod. These counts are the cost side of
+docs/safety.md."""
 
 from __future__ import annotations
 
@@ -69,7 +69,9 @@ async def free_a_slot_and_refill(
 
 
 @pytest.mark.anyio
-async def test_an_admission_and_a_scale_up_cost_one_patch_per_pod_and_no_read() -> None:
+async def test_an_admission_and_a_scale_up_cost_one_round_of_reads_and_one_patch_per_pod() -> None:
+    """The admission's wave and the scale-up's each read the Job and the active slice once
+    (the finished first slice is not read: it can never be the active one again)."""
     fake = FakeKube()
     client = Counting(fake)
     j = fake.put(JOBS, job("train", parallelism=4, completions=8))
@@ -78,7 +80,7 @@ async def test_an_admission_and_a_scale_up_cost_one_patch_per_pod_and_no_read() 
     async with running(client, config()):
         first = fake.put(WORKLOADS, workload(j, {"main": 4}, admitted={"main": 4}))
         await eventually(lambda: live_released(fake) == 4, what="the admission's wave")
-        assert client.counts == {"patch pods": 4}
+        assert client.counts == {"get jobs": 1, "get workloads": 1, "patch pods": 4}
         client.counts.clear()
         j = fake.put(JOBS, {**j, "spec": {**j["spec"], "parallelism": 6}})
         for i in (4, 5):
@@ -95,13 +97,13 @@ async def test_an_admission_and_a_scale_up_cost_one_patch_per_pod_and_no_read() 
         )
         await eventually(lambda: live_released(fake) == 6, what="the scale-up's wave")
         await anyio.sleep(0.1)
-        assert client.counts == {"patch pods": 2}
+        assert client.counts == {"get jobs": 1, "get workloads": 1, "patch pods": 2}
 
 
 @pytest.mark.anyio
 async def test_a_slot_freed_by_a_pod_that_went_costs_one_round_of_two_reads() -> None:
-    """A released pod is deleted (as on a shrink, or a failure replaced): the owner may have
-    shrunk, so the replacement's release is decided on the owner and its slice read together."""
+    """A released pod is deleted (as on a shrink, or a failure replaced): the replacement's
+    release costs what any wave costs, the owner and its slice read together."""
     fake = FakeKube()
     client = Counting(fake)
     j = fake.put(JOBS, job("train", parallelism=2, completions=8))
@@ -115,8 +117,8 @@ async def test_a_slot_freed_by_a_pod_that_went_costs_one_round_of_two_reads() ->
 
 @pytest.mark.anyio
 async def test_a_slot_freed_after_a_scale_up_reads_the_active_slice_once() -> None:
-    """With two slices cached (the finished first and its replacement), the fence reads the
-    active one only: a read that shows it still active settles the question."""
+    """With two slices cached (the finished first and its replacement), the view reads the
+    active one only: a finished slice is never active again."""
     fake = FakeKube()
     client = Counting(fake)
     j = fake.put(JOBS, job("train", parallelism=2, completions=8))

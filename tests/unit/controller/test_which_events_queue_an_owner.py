@@ -17,7 +17,6 @@ from tests.clock import ManualClock
 from tests.fakekube import FakeKube
 from tests.unit.podfactory import (
     GATE,
-    deleting,
     job,
     job_pod,
     jobset,
@@ -512,64 +511,6 @@ def _with_rv(raw: dict[str, Any], rv: int) -> dict[str, Any]:
     out = copy.deepcopy(raw)
     out["metadata"]["resourceVersion"] = str(rv)
     return out
-
-
-@pytest.mark.parametrize(
-    ("before", "after", "fence"),
-    [
-        pytest.param("gated", "relabelled-gated", None, id="gated-relabelled"),
-        pytest.param("gated", "failed-gated", 42, id="gated-failed"),
-        pytest.param("gated", "gone", 40, id="gated-deleted"),
-        pytest.param("released", "relabelled-released", None, id="released-relabelled"),
-        pytest.param("released", "failed", 42, id="released-failed"),
-        pytest.param("released", "deleting", 42, id="released-deleting"),
-        pytest.param("released", "gone", 41, id="released-deleted"),
-    ],
-)
-async def test_the_slice_fence_is_armed_when_a_live_pod_ends_or_goes_released_or_gated(
-    before: str, after: str, fence: int | None
-) -> None:
-    """Any pod that ends or goes may be a scale-down's victim (a gated one too): the newest
-    resourceVersion at which one did arms the owner and slice fence; a relabel does not."""
-    ctl = controller()
-    rt = runtime(ctl, "Job")
-    owner = job("train")
-    key = admitted(ctl, owner, "main", 2)
-    gated = _with_rv(job_pod(owner, index=0), 40)
-    released = _with_rv(release(gated), 41)
-    states: dict[str, dict[str, Any] | None] = {"gated": gated, "released": released}
-    relabelled_gated = _with_rv(gated, 42)
-    _relabelled(relabelled_gated)
-    relabelled_released = _with_rv(released, 42)
-    _relabelled(relabelled_released)
-    failed_gated = _with_rv(gated, 42)
-    _failed(failed_gated)
-    states |= {
-        "relabelled-gated": relabelled_gated,
-        "failed-gated": failed_gated,
-        "relabelled-released": relabelled_released,
-        "failed": _with_rv(release(gated, phase="Failed"), 42),
-        "deleting": _with_rv(deleting(released), 42),
-        "gone": None,
-    }
-    old, new = states[before], states[after]
-    assert old is not None
-    ctl.handlers.pod_handler(rt)(parse_pod(old), None if new is None else parse_pod(new))
-    assert ctl.state.shrink_rv.get(key) == fence
-
-
-async def test_the_newest_freed_slot_is_kept_whichever_view_shows_an_older_one_later() -> None:
-    ctl = controller()
-    job_rt, jobset_rt = runtime(ctl, "Job"), runtime(ctl, "JobSet")
-    owner = job("train")
-    key = admitted(ctl, owner, "main", 2)
-    first = _with_rv(release(job_pod(owner, index=0)), 40)
-    second = _with_rv(release(job_pod(owner, index=1)), 30)
-    ctl.handlers.pod_handler(job_rt)(parse_pod(first), parse_pod(_with_rv(deleting(first), 50)))
-    ctl.handlers.pod_handler(jobset_rt)(
-        parse_pod(second), parse_pod(_with_rv(deleting(second), 45))
-    )
-    assert ctl.state.shrink_rv[key] == 50
 
 
 class _TrainerPlugin:

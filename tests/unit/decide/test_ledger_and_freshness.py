@@ -76,18 +76,6 @@ def test_gone_remembers_the_newest_pods_within_its_bound() -> None:
     assert next(reversed(led.gone)) == "pod-2"
 
 
-def test_a_view_at_the_shrinks_own_version_is_the_shrink_not_older() -> None:
-    fresh = Freshness()
-    assert not fresh.predates_shrink(KEY, 3)  # no mark: nothing to predate
-    fresh.may_have_shrunk(KEY, 7)
-    fresh.may_have_shrunk(KEY, 5)  # an older mark never lowers the newest
-    fresh.may_have_shrunk(KEY, None)  # an unordered version sets nothing
-    assert fresh.shrink_rv[KEY] == 7
-    assert fresh.predates_shrink(KEY, 6)
-    assert not fresh.predates_shrink(KEY, 7)
-    assert fresh.predates_shrink(KEY, None)
-
-
 def test_a_term_is_proven_once_every_cache_is_at_or_past_its_start() -> None:
     fresh = Freshness()
     assert not fresh.unproven(KEY)  # no term began: nothing to prove
@@ -122,7 +110,7 @@ def test_an_unordered_cache_version_proves_nothing() -> None:
 
 def test_a_proof_needs_the_cache_at_or_past_every_version_the_list_shows() -> None:
     from tests.unit.podfactory import job, job_pod
-    from ungater._controller.freshreads import _not_older
+    from ungater._controller.view import _not_older
     from ungater._model.views import parse_pod
 
     def at(rv: str) -> Any:

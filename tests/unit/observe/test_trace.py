@@ -134,9 +134,9 @@ def test_the_queue_traces_each_add_and_each_delay(caplog: pytest.LogCaptureFixtu
 
 
 async def a_wave(trace: bool) -> tuple[OwnerKey, float, float]:
-    """A Job of 3 gated pods whose slice is admitted for 2 once the controller runs, with the
-    fence up (a shrink newer than every view, a new term): the deciding reconcile reads the
-    Job, its slice and its pods fresh. The key, and the moments before the admission and after
+    """A Job of 3 gated pods whose slice is admitted for 2 once the controller runs, in a new
+    term the caches are not past: the deciding reconcile reads its pods (a quorum LIST), then
+    the Job and its slice. The key, and the moments before the admission and after
     the releases were seen (the harness's t0 and t_end)."""
     fake = FakeKube()
     owner = setup_job(fake, 3)
@@ -145,7 +145,6 @@ async def a_wave(trace: bool) -> tuple[OwnerKey, float, float]:
     async with running(fake, make_config(logging={"trace": trace})) as ctl:
         assert ctl.state.trace.on is trace
         await eventually(lambda: bool(ctl.workloads.for_owner(key.uid)), what="the slice")
-        ctl.state.freshness.may_have_shrunk(key, 10**9)
         ctl.state.freshness.begin_term(10**9)
         t0 = time.monotonic()
         fake.put(WORKLOADS, workload(owner, "train-a", count=3, admitted=2))
