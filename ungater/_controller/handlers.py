@@ -17,7 +17,7 @@ from ungater._controller.state import KindRuntime, OwnerFacts, State, resource_v
 from ungater._decide.indexes import OwnerKey
 from ungater._kube.client import PODS, KubeClient, Resource
 from ungater._kube.kueue import workload_resource
-from ungater._kube.reflector import Reflector
+from ungater._kube.reflector import Reflector, from_list
 from ungater._model.views import (
     ADMITTED,
     ObjectView,
@@ -160,8 +160,8 @@ class EventHandlers:
                 s.expectations.observe(pod.uid, rt.kind)
                 s.blocked.clear(pod.uid)
             if (
-                rt.mode == "release"
-                and s.leading()  # a standby sees the leader's releases: not foreign
+                s.leading()  # a standby sees the leader's releases: not foreign
+                and not from_list()  # a list shows a gate gone, not when it went
                 and _after(pod, s.freshness.term_start())  # nor one older than this term
                 and old is not None
                 and new is not None
@@ -170,7 +170,10 @@ class EventHandlers:
                 and pod.uid not in s.ours
                 and pod.uid not in s.gone  # a lagging watch replaying a gone pod's past
             ):
-                self.notices.foreign_release(new, rt)
+                if rt.mode == "release":
+                    self.notices.foreign_release(new, rt)
+                elif rt.stood_down:  # the other releaser is still at work: stay down longer
+                    s.stand_down.still_at_work(str(rt.kind))
             if new is None and not any(pod.uid in k.pods.by_uid for k in s.kinds.values()):
                 s.forget_pod(pod.uid)  # no view holds it any more
             if old is not None and new is not None and not _relevant_change(old, new):

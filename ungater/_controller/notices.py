@@ -177,8 +177,44 @@ class Notices:
                 c.stop.set()
             return
         rt.mode, rt.stood_down = "audit", verdict.message
+        resume = c.stand_down.resume_at(str(rt.kind))
+        if resume is not None:
+            wait = max(resume - c.stand_down.clock(), 0.0)
+            log.error(
+                "%s stands back up in %.0f s if no other writer removes its gate", rt.kind, wait
+            )
         for key in keys:
             c.queue.add(key)  # audit them now
+            if resume is not None:
+                c.queue.add_after(key, wait + 0.01)  # and look again when it may resume
+
+    def stand_up_if_due(self, rt: KindRuntime, key: OwnerKey) -> None:
+        """A kind that stood down releases again once no other writer has removed its gate for
+        ``standDown.resumeAfterSeconds``; until then, ``key`` is looked at again when it may."""
+        c = self.c
+        kind = str(rt.kind)
+        resume = c.stand_down.resume_at(kind)
+        if resume is None:
+            return
+        wait = resume - c.stand_down.clock()
+        if wait > 0:
+            c.queue.add_after(key, wait + 0.01)
+            return
+        c.stand_down.resume(kind)
+        rt.stood_down = ""
+        rt.mode = self.modes.current(rt).mode
+        log.warning(
+            "%s stands back up (%s mode): no other writer removed gate %s for %g s",
+            kind,
+            rt.mode,
+            rt.gate,
+            c.config.stand_down.resume_after_seconds,
+        )
+        for k in c.workloads.owner_keys():
+            o = owner_of(c.workloads.for_owner(k.uid))
+            if o is not None and o.group_kind == rt.kind:
+                c.auditor.forget(k)
+                c.queue.add(k)
 
     def startup(self) -> None:
         """Say which kinds audit for want of a guard (``mode: auto``), and warn for each explicit

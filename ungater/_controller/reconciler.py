@@ -97,6 +97,8 @@ class Reconciler:
         rt = s.kinds.get(owner.group_kind) if owner else None
         if owner is None or rt is None:
             return None
+        if rt.stood_down:
+            self.notices.stand_up_if_due(rt, key)
         if rt.mode == "audit":
             return self._audit(key, rt, owner, slices)
         if any(u.key == key for u in s.uncertain.values()):

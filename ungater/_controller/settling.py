@@ -90,19 +90,28 @@ class Settler:
         """The watch has not shown our patches in time: ask the API server for the truth.
 
         A pod that is released keeps counting as in flight (re-armed) until the cache catches up;
-        one that is gone or still gated no longer does.
+        one that is gone or still gated no longer does. A pod whose read fails keeps its
+        expectation, expired, so it still counts and is settled again at the owner's next turn
+        (soon: the owner is queued again): only an answer may drop it.
         """
         s = self.s
         s.expectations.expired_total += len(uids)
+        unread = 0
         for uid in uids:
-            s.expectations.observe(uid)
             pod = rt.pods.by_uid.get(uid)
             # a pod the deciding cache never held (released on a new term's quorum reads) is
             # read all the same: dropping its expectation unread would count it as nothing
             where = (pod.namespace, pod.name) if pod is not None else s.ledger.locate(uid)
             if where is None:
+                s.expectations.observe(uid)
                 continue
-            fresh = await s.client.get(PODS, *where)
+            try:
+                fresh = await s.client.get(PODS, *where)
+            except (ApiError, OSError, TimeoutError) as exc:
+                log.warning("pod %s/%s: cannot settle an expectation yet: %r", *where, exc)
+                unread += 1
+                continue
+            s.expectations.observe(uid)
             if fresh is None or (fresh.get("metadata") or {}).get("uid") != uid:
                 if pod is None and not any(uid in k.pods.by_uid for k in s.kinds.values()):
                     s.forget_pod(uid)  # gone before any cache held it: nothing to count
@@ -113,8 +122,11 @@ class Settler:
                 continue
             if not view.has_gate(rt.gate) and not view.terminal and not view.deleting:
                 s.expectations.expect(key, [uid], rt.kind)
+        if unread:
+            s.queue.add_after(key, UNSETTLED_RETRY_SECONDS)
         log.warning(
-            "%s: %d expectation(s) expired; settled from the API server",
+            "%s: %d expectation(s) expired; %d settled from the API server",
             s.describe(key),
             len(uids),
+            len(uids) - unread,
         )

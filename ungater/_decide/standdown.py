@@ -5,7 +5,10 @@ notices each pod whose gate someone else removed (``ForeignRelease``); this modu
 when that is no accident: ``foreignReleases`` of them for one kind within ``windowSeconds``.
 Then, by ``standDown.action``: ``audit`` (the default) stops patching that kind and audits it
 instead; ``exit`` ends the process with an error; ``keepReleasing`` only says so (unsafe: two
-releasers keep fighting over the cap). Pure apart from an injected clock.
+releasers keep fighting over the cap). A kind stood down to audit stands back up once no other
+writer has removed its gate for ``resumeAfterSeconds`` (``resume_at``): evidence can be wrong
+(a previous leader's late write looks foreign), and a stand-down for good would hold every
+later scale-up's pods gated. Pure apart from an injected clock.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class StandDown:
         self.clock = clock
         self._seen: dict[str, deque[float]] = {}
         self.tripped: dict[str, Tripped] = {}
+        self._last: dict[str, float] = {}  # kind -> the last foreign release seen
 
     def record(self, kind: str, gate: str, pod: str) -> Tripped | None:
         """One foreign release for ``kind``; the verdict when this one trips the threshold
@@ -56,6 +60,7 @@ class StandDown:
         if kind in self.tripped and self.config.action != "keepReleasing":
             return None
         now = self.clock()
+        self._last[kind] = now
         seen = self._seen.setdefault(kind, deque())
         seen.append(now)
         while seen and now - seen[0] > self.config.window_seconds:
@@ -69,3 +74,19 @@ class StandDown:
         )
         self.tripped[kind] = verdict
         return verdict
+
+    def still_at_work(self, kind: str) -> None:
+        """Another writer removed the gate of a kind that stood down: its resumption waits."""
+        self._last[kind] = self.clock()
+
+    def resume_at(self, kind: str) -> float | None:
+        """When a kind that stood down to audit may release again (None: never)."""
+        wait = self.config.resume_after_seconds
+        if kind not in self.tripped or wait <= 0:
+            return None
+        return self._last.get(kind, self.clock()) + wait
+
+    def resume(self, kind: str) -> None:
+        """The kind releases again: its count of foreign releases starts afresh."""
+        self.tripped.pop(kind, None)
+        self._seen.pop(kind, None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -18,7 +19,22 @@ import anyio
 from ungater._kube.client import ApiError, GoneError, KubeClient, Resource
 from ungater._model.views import MalformedObject
 
-__all__ = ["Reflector", "ReflectorStats"]
+__all__ = [
+    "Reflector",
+    "ReflectorStats",
+    "from_list",
+]
+
+#: Set while a list (the first, or a relist after 410) replaces the store: a change seen that
+#: way shows only the object's last state, so it cannot say when (or by whom) a field changed.
+_LISTING: ContextVar[bool] = ContextVar("ungater_reflector_listing", default=False)
+
+
+def from_list() -> bool:
+    """Whether the change being handled comes from a list rather than a watch event: a list
+    cannot date a change (a gate removed before or after a moment), only show it done."""
+    return _LISTING.get()
+
 
 V = TypeVar("V")
 log = logging.getLogger("ungater.reflector")
@@ -126,11 +142,15 @@ class Reflector(Generic[V]):
             fresh[uid] = old if old is not None and old == view else view
 
     def _replace_with(self, fresh: dict[str, V | None]) -> None:
-        for uid in [u for u in self.store if fresh.get(u) is None]:
-            self._delete(uid)
-        for uid, view in fresh.items():
-            if view is not None:
-                self._put(uid, view)
+        token = _LISTING.set(True)
+        try:
+            for uid in [u for u in self.store if fresh.get(u) is None]:
+                self._delete(uid)
+            for uid, view in fresh.items():
+                if view is not None:
+                    self._put(uid, view)
+        finally:
+            _LISTING.reset(token)
 
     def apply(self, event: Mapping[str, Any]) -> None:
         """Apply one watch event to the store."""

@@ -305,6 +305,11 @@ class StandDownConfig(_Model):
     action: Literal["audit", "exit", "keepReleasing"] = "audit"
     foreign_releases: int = Field(default=3, ge=1, le=10_000, alias="foreignReleases")
     window_seconds: float = Field(default=300.0, gt=0, le=86_400, alias="windowSeconds")
+    #: A kind stood down to audit releases again once no other writer has removed its gate
+    #: for this long (a stand-down on a false alarm must not hold gates for good); 0: never.
+    resume_after_seconds: float = Field(
+        default=900.0, ge=0, le=7 * 86_400, alias="resumeAfterSeconds"
+    )
 
 
 class ReleaseBlockedConfig(_Model):

@@ -531,6 +531,35 @@ async def test_one_pod_skipped_while_settling_does_not_stop_settling_the_next(sk
         assert ctl.expectations.next_deadline(key) == TIMEOUT
 
 
+async def test_an_expired_expectation_whose_read_fails_still_counts_and_is_settled_later() -> None:
+    """Issue 40's sixth path: our release of pod 0 landed, its watch event never came, and the
+    read that settles the expired expectation times out. The expectation stays (counted in
+    flight), so pod 1 is not released into the slot pod 0 holds; the next read settles it."""
+    fake = FakeKube()
+    clock = ManualClock(1000.0)
+    client = Recording(fake)
+    _, key, pods = setup(fake, pods=2, admitted=1)
+    async with standby(fake, clock=clock, client=client) as (ctl, _):
+        await cached(ctl, key, fake, 2)
+        fake.drop_events = {"pods"}
+        released_by_someone(fake, pods[0])  # as our patch would have
+        ctl.expectations.expect(key, [uid(pods[0])], JOB)
+        clock.now += TIMEOUT + 1
+
+        def timing_out(obj: Any) -> Any:
+            raise TimeoutError("the read timed out")
+
+        client.rewrite["pods"] = timing_out
+        decision = await ctl.reconciler.reconcile(key)
+        assert decision is not None and not decision.releases
+        assert uid(pods[0]) in ctl.expectations.pending(key)
+        assert gated(fake, pods[1]) and not fake.patches
+        del client.rewrite["pods"]
+        await ctl.reconciler.reconcile(key)
+        assert ctl.expectations.pending(key) == {uid(pods[0])}  # read: released, re-armed
+        assert gated(fake, pods[1]) and not fake.patches
+
+
 async def test_a_reconcile_settles_an_unknown_outcome_and_counts_a_released_pod_in_flight() -> None:
     """Our patch failed (unknown outcome) while another writer released the pod; the watch
     never showed it. The next reconcile settles it from the server, with no clock: the pod is

@@ -32,6 +32,31 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+def test_a_kind_stood_down_resumes_once_no_foreign_release_is_seen_for_the_wait() -> None:
+    """Issue 40's stuck gate: a stand-down is not for good. Each removal seen while down
+    restarts the wait; ``resumeAfterSeconds: 0`` keeps the kind down."""
+    now = [0.0]
+    cfg = StandDownConfig.model_validate(
+        {"foreignReleases": 1, "windowSeconds": 10, "resumeAfterSeconds": 60}
+    )
+    sd = StandDown(cfg, clock=lambda: now[0])
+    assert sd.resume_at("Job.batch") is None  # not down
+    assert sd.record("Job.batch", "g", "ns/a") is not None
+    assert sd.resume_at("Job.batch") == 60.0
+    now[0] = 50.0
+    sd.still_at_work("Job.batch")
+    assert sd.resume_at("Job.batch") == 110.0
+    sd.resume("Job.batch")
+    assert sd.resume_at("Job.batch") is None and "Job.batch" not in sd.tripped
+    assert sd.record("Job.batch", "g", "ns/b") is not None  # it can trip again
+    never = StandDown(
+        StandDownConfig.model_validate({"foreignReleases": 1, "resumeAfterSeconds": 0}),
+        clock=lambda: now[0],
+    )
+    assert never.record("Job.batch", "g", "ns/a") is not None
+    assert never.resume_at("Job.batch") is None
+
+
 def test_stand_down_trips_on_the_nth_foreign_release_within_the_window() -> None:
     now = [0.0]
     cfg = StandDownConfig.model_validate({"foreignReleases": 3, "windowSeconds": 10})
@@ -126,6 +151,50 @@ async def test_repeated_foreign_releases_make_the_kind_stand_down_to_audit() -> 
         line, guard = ctl.status_lines()
         assert line.startswith("Job.batch: audit") and "STOOD DOWN" in line
         assert guard.startswith("gate kueue.x-k8s.io/elastic-job: not guarded")
+
+
+@pytest.mark.anyio
+async def test_a_stood_down_kind_stands_back_up_and_releases_what_was_admitted_meanwhile() -> None:
+    """The stand-down is not for good: with no other writer at work for resumeAfterSeconds,
+    the kind releases again, and a Job admitted while it audited gets its pods."""
+    fake = FakeKube()
+    b = setup_job(fake, "b", 3)
+    fake.put(WORKLOADS, workload(b, "b-1", count=3))  # pending
+    config = make_config(standDown={"foreignReleases": 1, "resumeAfterSeconds": 0.5})
+    async with running(fake, config) as ctl:
+        (rt,) = ctl.kinds.values()
+        await eventually(lambda: len(rt.pods) == 3, what="b's pods cached")
+        strip_gate(fake, "b-0-x000")
+        await eventually(lambda: rt.stood_down != "", what="stood down")
+        fake.put(WORKLOADS, workload(b, "b-1", count=3, admitted=2))
+        await eventually(lambda: rt.mode == "release", timeout=5, what="stood back up")
+        await eventually(
+            lambda: len(ungated(fake.items(PODS, NS))) == 2, what="b's second pod released"
+        )
+        await holds_for(lambda: len(ungated(fake.items(PODS, NS))) == 2, 0.3, what="cap of 2")
+        assert not rt.stood_down
+
+
+@pytest.mark.anyio
+async def test_a_gate_removal_seen_only_through_a_relist_is_not_counted_as_foreign() -> None:
+    """Issue 40's third path: a relist (after 410 Gone) shows a gate gone but not when it went
+    (a previous leader's release looks the same), so it is never evidence of another writer."""
+    fake = FakeKube()
+    b = setup_job(fake, "b", 2)
+    fake.put(WORKLOADS, workload(b, "b-1", count=2))  # pending: we release nothing
+    async with running(fake, make_config(standDown={"foreignReleases": 1})) as ctl:
+        (rt,) = ctl.kinds.values()
+        await eventually(lambda: len(rt.pods) == 2, what="b's pods cached")
+        fake.drop_events = {"pods"}
+        strip_gate(fake, "b-0-x000")
+        fake.drop_events = set()
+        assert fake.expire_watches("pods") >= 1
+        await eventually(
+            lambda: not any(p.gates for p in rt.pods.by_uid.values() if p.name == "b-0-x000"),
+            what="the relist showing the gate gone",
+        )
+        await holds_for(lambda: ctl.stats.foreign_releases == 0, 0.2, what="no foreign report")
+        assert not rt.stood_down and rt.mode == "release"
 
 
 @pytest.mark.anyio
