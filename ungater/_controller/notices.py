@@ -15,7 +15,13 @@ from collections.abc import Callable, Sequence
 from ungater._controller.modes import ModeSwitch
 from ungater._controller.state import KindRuntime, State
 from ungater._decide.assess import owner_of
-from ungater._decide.decision import Decision, Release
+from ungater._decide.decision import (
+    WAIT_CONFLICT,
+    WAIT_REFUSED,
+    WAIT_UNRESOLVED,
+    Decision,
+    Release,
+)
 from ungater._decide.indexes import OwnerKey
 from ungater._decide.standdown import Tripped
 from ungater._model.views import PodView
@@ -29,6 +35,10 @@ from ungater._observe.events import (
 )
 
 __all__ = ["POD_SET_UPDATE_CONFLICT", "Notices"]
+
+#: Why a pod the cap allows can stay gated: what ``ungater_stalled_pods`` counts, beside the
+#: pods a decision chose (a release that keeps failing is chosen again each time).
+STALL_CODES = frozenset({WAIT_REFUSED, WAIT_CONFLICT, WAIT_UNRESOLVED})
 
 log = logging.getLogger("ungater.controller")  # the controller's voice, as before
 POD_SET_UPDATE_CONFLICT = "PodSetUpdateConflict"
@@ -46,12 +56,18 @@ class Notices:
 
     def forget(self, key: OwnerKey) -> None:
         self._inactive_since.pop(key, None)
+        self.c.stalls.forget(key)
 
     # -- pods that stay gated ------------------------------------------------------------------
 
     def stuck(self, key: OwnerKey, decision: Decision) -> None:
-        """Warn (log line and rate-limited Event) about pods that cannot be released as is."""
+        """Warn (log line and rate-limited Event) about pods that cannot be released as is,
+        and date the owner's releasable pods that stay gated (``ungater_stalled_pods``)."""
         c = self.c
+        rt = c.kind_of(key)
+        if rt is not None:
+            held = sum(1 for r in decision.pod_sets for w in r.waiting if w.code in STALL_CODES)
+            c.stalls.observe(key, str(rt.kind), held + len(decision.releases))
         conflicts = [
             w
             for r in decision.pod_sets

@@ -189,6 +189,7 @@ class Reconciler:
     ) -> Decision:
         """Audit mode: the same decision, compared with the pods as they are; nothing patched."""
         s = self.s
+        s.stalls.forget(key)  # an audited kind's stalls are the auditor's findings
         snapshot, bounds = self._cached_view(key, rt, owner, slices)
         facts, desired = self._facts(rt, owner, snapshot, bounds)
         decision, wait = s.auditor.observe(

@@ -24,7 +24,7 @@ from ungater._decide.freshness import Freshness, version_number
 from ungater._decide.indexes import OwnerKey, PodIndex, WorkloadIndex, ancestors
 from ungater._decide.ledger import GONE_REMEMBERED, Ledger, Uncertain
 from ungater._decide.refusals import BlockedReleases
-from ungater._decide.releasable import ReleasableClock
+from ungater._decide.releasable import ReleasableClock, Stalls
 from ungater._decide.standdown import StandDown
 from ungater._kube.client import KubeClient
 from ungater._kube.gateguard import GateGuard
@@ -147,6 +147,7 @@ class State:
             rb.initial_backoff_seconds, rb.max_backoff_seconds, clock=clock
         )
         self.releasable = ReleasableClock(clock)  # when each gated pod could first go
+        self.stalls = Stalls(clock)  # owners whose releasable pods stay gated, since when
         self.auditor = Auditor(config.audit, config.slice_handover_grace_seconds, metrics, events)
         self.stand_down = StandDown(config.stand_down, clock)
         self.guard = GateGuard(  # is each gate guarded against the other releaser?
@@ -371,4 +372,5 @@ class State:
             ),
             gate_guard={gate: st.state for gate, st in self.guard.status.items()},
             gated_pods=self.gated_pods(),
+            stalled_pods=self.stalls.stalled(self.config.audit.stall_seconds),
         )

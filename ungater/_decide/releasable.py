@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-__all__ = ["ReleasableClock"]
+__all__ = ["ReleasableClock", "Stalls"]
 
 
 class ReleasableClock:
@@ -52,3 +52,36 @@ class ReleasableClock:
 
     def __len__(self) -> int:
         return len(self._pod_seen) + len(self._room)
+
+
+class Stalls:
+    """Owners whose pods could go but stay gated, and since when: the same alarm for a kind
+    that releases as ``Stalled`` is for one that audits (a release that keeps failing, a
+    refused patch, a pod set update that cannot be applied, an ownership not provable).
+
+    ``observe`` takes each decision's count of such pods; an owner whose count stays above
+    zero for ``threshold`` seconds is stalled. Bounded by the owners with a decision.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._since: dict[object, tuple[float, str, int]] = {}  # owner -> (since, kind, count)
+
+    def observe(self, owner: object, kind: str, count: int) -> None:
+        if count <= 0:
+            self._since.pop(owner, None)
+            return
+        since = self._since.get(owner)
+        self._since[owner] = (since[0] if since else self._clock(), kind, count)
+
+    def forget(self, owner: object) -> None:
+        self._since.pop(owner, None)
+
+    def stalled(self, threshold: float) -> dict[str, int]:
+        """Pods of owners stalled for longer than ``threshold`` seconds, by kind."""
+        now = self._clock()
+        out: dict[str, int] = {}
+        for since, kind, count in list(self._since.values()):
+            if now - since > threshold:
+                out[kind] = out.get(kind, 0) + count
+        return out

@@ -58,6 +58,7 @@ class ControllerSnapshot:
     stale_provisioning_pods: int = 0
     gate_guard: Mapping[str, str] = field(default_factory=dict)  # gate -> guarded|unguarded|...
     gated_pods: Mapping[tuple[str, str, str], int] = field(default_factory=dict)  # kind, gate, why
+    stalled_pods: Mapping[str, int] = field(default_factory=dict)  # by kind (releasing kinds)
 
 
 class SnapshotSource(Protocol):
@@ -183,7 +184,16 @@ def _audit(snap: ControllerSnapshot) -> Iterable[Metric]:
     )
     for (kind, gate, reason), n in sorted(snap.gated_pods.items()):
         gated.add_metric([kind, gate, reason], float(n))
-    return (findings, stood, modes, stale_pods, guarded, gated)
+    stalled = GaugeMetricFamily(
+        "ungater_stalled_pods",
+        "Pods of a releasing kind that could go (chosen for release, or held only by a refusal, "
+        "a pod set update conflict or an unprovable ownership) and have stayed gated for longer "
+        "than audit.stallSeconds; a kind that audits reports Stalled findings instead.",
+        labels=["kind"],
+    )
+    for kind in sorted(snap.modes):
+        stalled.add_metric([kind], float(snap.stalled_pods.get(kind, 0)))
+    return (findings, stood, modes, stale_pods, guarded, gated, stalled)
 
 
 def _caches(snap: ControllerSnapshot) -> Iterable[Metric]:

@@ -267,6 +267,31 @@ async def test_a_refused_release_is_announced_and_the_pod_backs_off() -> None:
         assert name(pods[1]) in blocked[0]["message"]
 
 
+async def test_a_releasable_pod_kept_gated_by_a_refusal_shows_as_stalled_once_past_the_threshold() -> (
+    None
+):
+    """Issue 40: whoever releases, a pod the cap allows that stays gated shows. A refused
+    release keeps pod 1 gated; once that has lasted audit.stallSeconds the kind's
+    ``ungater_stalled_pods`` counts it, and a decision with nothing held clears it."""
+    fake = FakeKube()
+    clock = ManualClock(1000.0)
+    _, key, pods = setup(fake, pods=2, admitted=2)
+    async with standby(fake, clock=clock) as (ctl, _):
+        await cached(ctl, key, fake, 2)
+        script(fake, {name(pods[1]): refused_for_good()})
+        await ctl.reconciler.reconcile(key)
+        assert ctl.blocked.get(uid(pods[1])) is not None
+        stalled = {(("kind", "Job.batch"),): 1.0}
+        assert samples(ctl.metrics, "ungater_stalled_pods") == {(("kind", "Job.batch"),): 0.0}
+        clock.now += 31.0  # past audit.stallSeconds (30)
+        await ctl.reconciler.reconcile(key)
+        assert samples(ctl.metrics, "ungater_stalled_pods") == stalled
+        released_by_someone(fake, pods[1])
+        await cached(ctl, key, fake, 2)
+        await ctl.reconciler.reconcile(key)
+        assert samples(ctl.metrics, "ungater_stalled_pods") == {(("kind", "Job.batch"),): 0.0}
+
+
 async def test_a_pod_in_backoff_is_not_patched_again_and_a_later_release_clears_it() -> None:
     """The decision gets the pods still in backoff: the refused pod is left alone (the next
     pod takes its slot); once its backoff ran out and a patch lands, it is blocked no more."""

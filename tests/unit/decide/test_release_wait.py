@@ -76,3 +76,21 @@ async def test_a_freed_slot_is_timed_from_the_freeing_not_from_the_admission() -
         assert count == 3
         assert total < 0.5, f"the freed slot's pod counted its time without room: {total:.2f}s"
         await eventually(lambda: ctl.gated_pods() == {})
+
+
+def test_an_owner_is_stalled_only_while_its_count_stays_above_zero_past_the_threshold() -> None:
+    from ungater._decide.releasable import Stalls
+
+    now = [0.0]
+    stalls = Stalls(clock=lambda: now[0])
+    stalls.observe("a", "Job.batch", 2)
+    now[0] = 10.0
+    stalls.observe("a", "Job.batch", 1)  # still held: the clock keeps its start
+    stalls.observe("b", "Job.batch", 3)
+    assert stalls.stalled(9.0) == {"Job.batch": 1}
+    assert stalls.stalled(10.0) == {}
+    stalls.observe("a", "Job.batch", 0)  # released: no longer stalled
+    now[0] = 30.0
+    assert stalls.stalled(9.0) == {"Job.batch": 3}
+    stalls.forget("b")
+    assert stalls.stalled(0.0) == {}
