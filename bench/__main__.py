@@ -74,6 +74,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--delete-namespaces", action="store_true")
     run.add_argument(
+        "--controller-src",
+        metavar="DIR",
+        help="run the controller from the ungater package under DIR (a worktree of another "
+        "commit) instead of the installed one; the result's meta names DIR's commit",
+    )
+    run.add_argument(
         "--trace",
         action="store_true",
         help="for --only kueue: the controller traces each wave (event, decision, reads, "
@@ -151,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "report":
         return report_command(args)
+    if args.controller_src:
+        os.environ["UNGATER_BENCH_CONTROLLER_SRC"] = str(Path(args.controller_src).resolve())
     sizes = PRESETS[args.preset] if args.preset else QUICK if args.quick else FULL
     sizes = with_scale(sizes, args.scale_pods, args.scale_workloads)
     sizes = with_kueue_burst(sizes, args.kueue_burst)

@@ -7,6 +7,7 @@ it with SIGTERM by pid (SIGKILL after a grace period).
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -28,6 +29,20 @@ _SERVING = re.compile(r"serving /metrics, /healthz, /readyz on (http://\S+)")
 _READYZ_POLL_S = 0.02
 _STOP_GRACE_S = 15.0
 _MAX_LINE = 1 << 20
+
+
+#: A source tree whose ``ungater`` package the controller runs instead of the installed one
+#: (``python -m bench run --controller-src DIR``): another design measured by the same harness.
+CONTROLLER_SRC = "UNGATER_BENCH_CONTROLLER_SRC"
+
+
+def controller_env() -> dict[str, str]:
+    """The controller's environment: this one, with ``--controller-src`` first on the path."""
+    env = dict(os.environ)
+    src = env.get(CONTROLLER_SRC)
+    if src:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    return env
 
 
 def controller_config(namespace: str, raised: bool, workers: int | None = None) -> dict[str, Any]:
@@ -128,7 +143,11 @@ class ControllerProcess:
         ]
         self.started_at = time.monotonic()
         self.proc = await anyio.open_process(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=controller_env(),
         )
         tg.start_soon(self._read_log, self.proc)
         try:

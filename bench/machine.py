@@ -40,6 +40,17 @@ def _git(*args: str) -> str:
     return out.stdout.strip()
 
 
+def _controller_commit() -> str:
+    """The commit the controller ran at: this tree's, or ``--controller-src``'s."""
+    src = os.environ.get("UNGATER_BENCH_CONTROLLER_SRC")
+    if not src:
+        return _git("rev-parse", "--short", "HEAD")
+    out = subprocess.run(
+        ["git", "-C", src, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return f"{out.stdout.strip()} ({src})"
+
+
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -53,6 +64,7 @@ def machine_info(kubernetes_version: str) -> dict[str, Any]:
         "kubernetes": kubernetes_version,
         "platform": platform.platform(),
         "commit": _git("rev-parse", "--short", "HEAD"),
+        "controller_commit": _controller_commit(),
         "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
     }
 
