@@ -1,4 +1,5 @@
-"""The manager: caches, readiness, leadership and the workers around one reconciler.
+"""The controller: caches, readiness, leadership and the workers around one reconciler
+(``manager.py`` composes it into the running process).
 
 ``Controller`` resolves the configured kinds, builds one reflector per watched resource and
 namespace (Workloads, each kind's pods, owners, intermediates) wired to the event handlers

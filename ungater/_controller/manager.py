@@ -1,5 +1,5 @@
-"""The whole running controller, composed: caches and workers, leader election, the probe and
-metrics endpoint, and the Event recorder. ``ungater run`` is this, plus signal handling.
+"""The manager: the process composed around the controller (``controller.py``), with leader
+election, the probe and metrics endpoint, and the Event recorder. ``ungater run`` is this, plus signal handling.
 
 Start order: HTTP server (so probes answer at once), Event recorder, elector, controller.
 Stop order: workers finish their current owner, the Lease is handed back (a standby takes over

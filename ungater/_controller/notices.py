@@ -4,7 +4,7 @@ Log lines, rate-limited Events and metrics for pods that stay gated (pod set upd
 stale ProvisioningRequests, unmapped pods outside a slice hand-over, releases refused for
 good), for a gate removed by someone else, and the stand-down that follows when that repeats;
 and the lines ``/readyz`` shows beside "ok". Called from the event handlers, the reconciler and
-the manager; it reads the shared ``State`` and moves its queue, nothing more.
+the controller; it reads the shared ``State`` and moves its queue, nothing more.
 """
 
 from __future__ import annotations

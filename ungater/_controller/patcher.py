@@ -44,7 +44,7 @@ __all__ = [
     "Patcher",
 ]
 
-log = logging.getLogger("ungater.controller")  # the controller's voice, as before the split
+log = logging.getLogger("ungater.controller")  # one logger for the controller's parts
 
 # outcomes beside the refusals named by ungater._decide.refusals (gone, conflict, blocked, error)
 RELEASED = "released"

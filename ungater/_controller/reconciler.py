@@ -44,7 +44,7 @@ from ungater._observe.metrics import seconds_since
 
 __all__ = ["Changed", "PatchesFailed", "Reconciler"]
 
-log = logging.getLogger("ungater.controller")  # the controller's voice, as before the split
+log = logging.getLogger("ungater.controller")  # one logger for the controller's parts
 
 
 class Changed(Exception):

@@ -1,9 +1,9 @@
 """What the controller's parts share: the caches, the work queue and the bookkeeping around them.
 
-The manager (``controller.py``) builds one ``State`` and hands it to the event handlers
+The controller (``controller.py``) builds one ``State`` and hands it to the event handlers
 (``handlers.py``), the reconciler (``reconciler.py``), the patcher (``patcher.py``) and the
 notices (``notices.py``). Keeping it in one plain object makes each part's reads and writes
-visible by name, instead of every part reaching into the manager. No I/O here.
+visible by name, instead of every part reaching into the controller. No I/O here.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ __all__ = [
     "resource_version_number",
 ]
 
-log = logging.getLogger("ungater.controller")  # the controller's voice, as before the split
+log = logging.getLogger("ungater.controller")  # one logger for the controller's parts
 
 
 @dataclass
@@ -126,7 +126,7 @@ class State:
         self.clock = clock
         self.metrics = metrics
         self.events = events
-        self.leading: Callable[[], bool] = lambda: True  # set by the manager under election
+        self.leading: Callable[[], bool] = lambda: True  # set by the controller under election
         self.workload_version = ""
         # caches, filled by the event handlers
         self.workloads = WorkloadIndex()
@@ -154,7 +154,7 @@ class State:
             client, (rt.gate for rt in kinds.values()), config.policy_check_interval_seconds
         )
         self.fatal_error = ""  # set when the process must end (standDown.action: exit)
-        self.stop: anyio.Event | None = None  # the manager's stop, once it runs
+        self.stop: anyio.Event | None = None  # the controller's stop, once it runs
 
     # -- the ledger's parts, by the names the controller's parts use ---------------------------
 

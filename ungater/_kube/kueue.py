@@ -1,6 +1,6 @@
 """Where Kueue's API lives: its group and the Workload resource at a served version.
 
-One home for these coordinates, so the manager, the reconciler's quorum reads, Events,
+One home for these coordinates, so the controller, the reconciler's view, Events,
 ``explain`` and ``audit`` all address the same resource; and for the gates Kueue removes
 itself, which ``mode: auto`` releases only behind an admission policy (``ungater._controller.modes``).
 """

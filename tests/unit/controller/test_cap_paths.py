@@ -221,7 +221,7 @@ async def test_a_patch_that_lands_after_a_timeout_is_counted_until_it_can_no_lon
 
 
 @pytest.mark.anyio
-async def test_a_shrink_that_deletes_gated_pods_fences_the_slice() -> None:
+async def test_a_shrink_that_deletes_gated_pods_is_capped_by_the_slice_read() -> None:
     fake = FakeKube()
     client = Lagging(fake)
     j = fake.put(JOBS, job("train", parallelism=4, completions=4))
@@ -264,7 +264,9 @@ async def test_a_shrink_that_deletes_gated_pods_fences_the_slice() -> None:
 
 
 @pytest.mark.anyio
-async def test_an_owner_that_shrank_and_grew_back_with_no_pod_deleted_fences_the_slice() -> None:
+async def test_an_owner_that_shrank_and_grew_back_with_no_pod_deleted_is_capped_by_the_slice_read() -> (
+    None
+):
     """The Job shrinks 4 -> 2 before its controller made pods 2 and 3 (no pod goes), Kueue
     lowers the slice in place, and the Job grows back: the owner watch shows both changes, the
     Workload watch neither. The owner's change alone must fence the slice."""

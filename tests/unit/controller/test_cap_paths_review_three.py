@@ -99,7 +99,7 @@ async def test_an_expired_expectation_for_a_pod_the_cache_never_held_is_settled_
     assert peak_live_released(fake) == 1
 
 
-# -- 2. the fence reads every slice it would decide on -------------------------------------------
+# -- 2. the view reads every slice it would decide on -------------------------------------------
 
 
 def _sized(j: dict[str, Any], parallelism: int) -> dict[str, Any]:
@@ -122,7 +122,7 @@ def _slice(
 
 
 @pytest.mark.anyio
-async def test_the_shrink_fence_never_falls_back_to_a_cached_slice_it_did_not_read() -> None:
+async def test_the_view_never_falls_back_to_a_cached_slice_it_did_not_read() -> None:
     """The Workload watch stalls after S2 (6) was admitted and before it shows S1 finished. The
     Job shrinks 6 -> 2 (pods deleted: the fence is armed), S2 is lowered in place to 2, the Job
     grows to 3 (S3 admitted at 3, S2 finished), then to 5 (S4 pending). The fence re-reads S2,

@@ -830,7 +830,7 @@ async def test_a_freed_slot_is_refilled_after_reading_the_job_and_its_slice_fres
 
 
 @pytest.mark.parametrize("failing", ["jobs", "workloads"])
-async def test_a_fence_read_that_fails_refills_nothing_and_fails_the_reconcile(
+async def test_a_view_read_that_fails_refills_nothing_and_fails_the_reconcile(
     failing: str,
 ) -> None:
     """One of the two reads the fence sends at once fails (a 500): the decision may not fall
