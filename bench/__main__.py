@@ -21,6 +21,8 @@ from typing import Any
 
 import anyio
 
+from bench.doc_figures import add_parser as add_figures_parser
+from bench.doc_figures import command as figures_command
 from bench.doc_report import add_parser as add_report_parser
 from bench.doc_report import command as report_command
 from bench.kueue_run import EACH_ALONE, HEAD_TO_HEAD, kueue_run
@@ -83,6 +85,7 @@ def _parser() -> argparse.ArgumentParser:
         "patches); its spans per case are reported",
     )
     add_report_parser(sub)
+    add_figures_parser(sub)
     return p
 
 
@@ -154,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "report":
         return report_command(args)
+    if args.command == "figures":
+        return figures_command(args)
     sizes = PRESETS[args.preset] if args.preset else QUICK if args.quick else FULL
     sizes = with_scale(sizes, args.scale_pods, args.scale_workloads)
     sizes = with_kueue_burst(sizes, args.kueue_burst)
