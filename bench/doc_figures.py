@@ -26,6 +26,7 @@ tests/unit/docs/test_doc_figures.py, and so does a source that no longer gives t
 from __future__ import annotations
 
 import argparse
+import difflib
 import functools
 import importlib
 import json
@@ -57,7 +58,9 @@ LEDGER = "docs/figures.txt"
 RESULTS = "bench/results"
 TIMINGS = "bench/results/timings.json"
 
-_UNIT = r"(?:ns|µs|us|ms|s|min|h|[KkMG]i?B|B|CPU-s|pods/s|/s)(?![\w/%-])"
+_UNIT = (
+    r"(?:ns|µs|us|ms|s|min|h|[KkMG]i?B|B|CPU-s|pods/s|/s|(?:second|minute|hour|day)s?)(?![\w/%-])"
+)
 _COUNT = r"(?:tests?|passed|failed|pass|fail|seeds?|mutants?|states|runs|repeats)\b"
 _ONE = r"\d+(?:,\d{3})*(?:\.\d+)?"
 # one number, or a range or pair sharing the unit that follows: 14-20 s (a hyphen or an en
@@ -328,8 +331,9 @@ def problems(root: Path = ROOT, only: str | None = None) -> list[str]:
 
 
 def skeleton(root: Path = ROOT) -> str:
-    """The ledger's lines for the pages as they are, each figure's source kept where the
-    ledger has it for the same figure at the same place, else ``?``."""
+    """The ledger's lines for the pages as they are: a figure that the ledger lists at the
+    matching place (the two lists aligned as a diff aligns lines) keeps its source, a new one
+    gets ``?`` (which the test refuses until it is filled in)."""
     try:
         old = read_ledger((root / LEDGER).read_text())
     except (OSError, ValueError):
@@ -338,8 +342,14 @@ def skeleton(root: Path = ROOT) -> str:
     for page in pages(root):
         lines.append(f"[{page}]")
         kept = old.get(page, [])
-        for i, fig in enumerate(figures((root / page).read_text())):
-            e = kept[i] if i < len(kept) and kept[i].text == fig.text else None
+        found = figures((root / page).read_text())
+        source: dict[int, Entry] = {}
+        matcher = difflib.SequenceMatcher(a=[e.text for e in kept], b=[f.text for f in found])
+        for block in matcher.get_matching_blocks():
+            for k in range(block.size):
+                source[block.b + k] = kept[block.a + k]
+        for i, fig in enumerate(found):
+            e = source.get(i)
             lines.append(
                 f"{fig.text} | {e.kind} {e.arg}" if e else f"{fig.text} | ?  # line {fig.line}"
             )

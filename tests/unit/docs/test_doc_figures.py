@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bench import doc_figures
-from bench.doc_figures import LEDGER, _numbers, figures, pages, problems, read_ledger
+from bench.doc_figures import LEDGER, _numbers, figures, pages, problems, read_ledger, skeleton
 
 ROOT = doc_figures.ROOT
 
@@ -208,3 +208,14 @@ def test_the_timing_record_names_its_machine() -> None:
     assert machine["nproc"] >= 1 and machine["mem_total_gib"] > 0 and machine["how"]
     for key, timing in record["timings"].items():
         assert {"seconds", "command", "commit", "date"} <= set(timing), key
+
+
+def test_the_skeleton_keeps_the_sources_of_figures_that_stayed(tmp_path: Path) -> None:
+    ledger = "[README.md]\n2 s | setting a wait\n3 s | setting another\n"
+    root = _mini(tmp_path, "Waits 2 s, then 9 ms, then 3 s.\n", ledger)
+    assert skeleton(root).splitlines()[:4] == [
+        "[README.md]",
+        "2 s | setting a wait",
+        "9 ms | ?  # line 1",
+        "3 s | setting another",
+    ]
