@@ -1,6 +1,6 @@
-"""Under CI a skipped test fails the run, with the skip's reason (``tests/conftest.py``).
+"""Under CI a skipped test fails the run, with the skip's reason (the top ``conftest.py``).
 
-Each case runs in an inner pytest session with the suite's own conftest (``pytester``), once
+Each case runs in an inner pytest session with that conftest (``pytester``), once
 with ``$CI`` set and once without: a skip in the test body, in a fixture and by a ``skipif``
 mark fails under CI (the last two as errors: they skip in setup) and stays a skip elsewhere; an ``xfail`` is left alone; ``CI=1`` and
 ``CI=True`` count as CI, ``CI=false`` does not.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-CONFTEST = Path(__file__).parents[2] / "conftest.py"
+CONFTEST = Path(__file__).parents[3] / "conftest.py"  # the repository's top conftest
 
 INNER = """
 import pytest
