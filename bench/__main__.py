@@ -21,15 +21,20 @@ from typing import Any
 
 import anyio
 
+from bench.doc_figures import add_parser as add_figures_parser
+from bench.doc_figures import command as figures_command
 from bench.doc_report import add_parser as add_report_parser
 from bench.doc_report import command as report_command
 from bench.kueue_run import EACH_ALONE, HEAD_TO_HEAD, kueue_run
+from bench.machine import load_average, run_span
 from bench.report import table_rows
 from bench.runner import KUEUE, PLAIN, SCENARIOS, Options, run_all
 from bench.sizes import FULL, PRESETS, QUICK, Sizes, with_kueue_burst, with_scale
 from bench.stats import render_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
+_now = time.time  # the run's wall clock and load average, replaced in the unit tests
+_load = load_average
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -86,6 +91,7 @@ def _parser() -> argparse.ArgumentParser:
         "patches); its spans per case are reported",
     )
     add_report_parser(sub)
+    add_figures_parser(sub)
     return p
 
 
@@ -157,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "report":
         return report_command(args)
+    if args.command == "figures":
+        return figures_command(args)
     if args.controller_src:
         os.environ["UNGATER_BENCH_CONTROLLER_SRC"] = str(Path(args.controller_src).resolve())
     sizes = PRESETS[args.preset] if args.preset else QUICK if args.quick else FULL
@@ -179,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.py_spy and py_spy is None:
         print(f"py-spy not found: {args.py_spy}", file=sys.stderr)
         return 2
+    started, load_before = _now(), _load()
     result: dict[str, Any] | None = None
     if only & PLAIN:
         with _cluster(args.kubeconfig) as kubeconfig:
@@ -196,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
         result["table"] = table_rows(result["metrics"])
     assert result is not None
+    result["meta"].update(run_span(started, load_before, _now(), _load()))
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(render_table(result["table"]))
     for key in ("kueue", "kueue_h2h"):

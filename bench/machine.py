@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CpuMeter", "control_plane_pids", "load_average", "machine_info"]
+__all__ = ["CpuMeter", "control_plane_pids", "load_average", "machine_info", "run_span"]
 
 
 def _cpu_model() -> str:
@@ -53,6 +53,21 @@ def _controller_commit() -> str:
 
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def run_span(
+    started: float, load_before: list[float], ended: float, load_after: list[float]
+) -> dict[str, Any]:
+    """The ``meta`` fields of a whole run: when it started (wall clock), how long it took and
+    the load average before and after it. Taken around everything ``python -m bench run`` does
+    (control planes started, every scenario, the Kueue runs included), so a run that measured
+    only the Kueue cases does not carry the span of the empty plain pass that made its meta."""
+    return {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "duration_seconds": round(ended - started, 1),
+        "load_average_before": load_before,
+        "load_average_after": load_after,
+    }
 
 
 def machine_info(kubernetes_version: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from bench import churn, release, slots
 from bench.api import BenchApi
 from bench.bed import Bed
 from bench.controller_proc import ControllerProcess, controller_config
-from bench.machine import control_plane_pids, load_average, machine_info
+from bench.machine import control_plane_pids, load_average, machine_info, run_span
 from bench.observer import PodObserver
 from bench.profile import PySpy
 from bench.reconcile_cost import reconcile_cost
@@ -260,10 +260,7 @@ async def run_all(opts: Options) -> dict[str, Any]:
     result: dict[str, Any] = {
         "meta": {
             "machine": machine_info(version),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-            "duration_seconds": round(time.time() - started, 1),
-            "load_average_before": load_before,
-            "load_average_after": load_average(),
+            **run_span(started, load_before, time.time(), load_average()),
             "sizes": asdict(opts.sizes),
             "workers": opts.workers,  # None: the controller's default
             "namespace": opts.namespace,

@@ -13,6 +13,9 @@ search: the fake's 422 is raised *from* the ``KeyError`` that found the missing 
 A test that injects such an error on purpose says so, and why, with
 ``@pytest.mark.injects(SomeError, reason="...")``; only those types are then let through, any
 other bug still fails it.
+
+Under CI a skipped test fails: the hook is in the repository's top ``conftest.py``, so that it
+covers ``examples/*/tests`` too.
 """
 
 from __future__ import annotations

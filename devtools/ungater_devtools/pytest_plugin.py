@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import pytest
 
+from ungater_devtools.ci import in_ci
+
 if TYPE_CHECKING:
     from ungater_devtools.devcluster.environment import LocalControlPlane
 
@@ -61,12 +63,8 @@ _ACTIVE: list[LocalControlPlane] = []
 T = TypeVar("T")
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}
-
-
 def _unavailable(reason: str) -> NoReturn:
-    if _in_ci():
+    if in_ci():
         pytest.fail(f"local control plane unavailable under CI=true: {reason}", pytrace=False)
     pytest.skip(f"local control plane unavailable: {reason}; {_HOW_TO_GET}")
 
@@ -212,7 +210,7 @@ def _started_plane(
     request: pytest.FixtureRequest, *, peers: bool, kueue_version: str | None = None
 ) -> Iterator[LocalControlPlane]:
     mode = os.environ.get("UNGATER_CONTROL_PLANE", "").strip().lower()
-    if mode == "skip" and not _in_ci():
+    if mode == "skip" and not in_ci():
         pytest.skip(f"UNGATER_CONTROL_PLANE=skip; {_HOW_TO_GET}")
     try:
         from ungater_devtools.devcluster.build import (
@@ -323,7 +321,7 @@ def _built_or_reused(
     found = find()
     if found is not None:
         return found
-    if mode == "reuse" and not _in_ci():
+    if mode == "reuse" and not in_ci():
         _unavailable(f"UNGATER_CONTROL_PLANE=reuse and no cached build of {what}")
     try:
         with _uncaptured(capture):

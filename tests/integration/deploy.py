@@ -16,12 +16,9 @@ from typing import Any
 import pytest
 
 from tests.unit.deploy.deploy_checks import CHART, NAMESPACE, load_documents, plain_objects
+from ungater_devtools.ci import in_ci
 from ungater_devtools.devcluster import helm as helm_tool
 from ungater_devtools.devcluster.versions import KUBERNETES_VERSION
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}
 
 
 def helm_for_tests(config: pytest.Config) -> Path:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from ungater_devtools.ci import in_ci
 from ungater_devtools.devcluster import versions
 
 pytestmark = pytest.mark.integration
@@ -160,7 +161,7 @@ def test_a_peer_builds_offline_from_its_verified_source_archive(
     unpacked, built with its vendor/ and GOPROXY=off, its config/ kept for the manifests."""
     from ungater_devtools.devcluster import peerbuild
 
-    if shutil.which("go") is None and os.environ.get("CI") != "true":
+    if shutil.which("go") is None and not in_ci():
         pytest.skip("no Go toolchain")
     archive = _toy_archive(tmp_path / "shared")
     pin = versions.Peer(

@@ -20,6 +20,7 @@ from tests.integration.k8s import Kube
 from tests.integration.support import admit, create_workload, running_controller
 from tests.polling import equals, eventually
 from ungater._model.config import Config
+from ungater_devtools.ci import in_ci
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -32,7 +33,7 @@ def kubectl(control_plane: Any) -> Path:
     try:
         return ensure_kubectl()
     except ControlPlaneUnavailable as exc:
-        if os.environ.get("CI", "").lower() in {"true", "1", "yes"}:
+        if in_ci():
             pytest.fail(f"kubectl cannot be built under CI=true: {exc}", pytrace=False)
         pytest.skip(f"kubectl cannot be built here: {exc}")
 

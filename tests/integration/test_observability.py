@@ -4,7 +4,6 @@ loader (``rulecheck``, built from the Prometheus Go module), and the dashboard C
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import yaml
 from tests.integration.deploy import render
 from tests.unit.deploy.dashboard import DASHBOARD, dashboard_exprs
 from tests.unit.deploy.deploy_checks import by_kind, one
+from ungater_devtools.ci import in_ci
 
 pytestmark = [pytest.mark.integration]
 
@@ -27,7 +27,7 @@ def rulecheck() -> Path:
     try:
         return ensure_rulecheck()
     except ControlPlaneUnavailable as exc:
-        if os.environ.get("CI", "").lower() in {"true", "1", "yes"}:
+        if in_ci():
             pytest.fail(f"rulecheck cannot be built under CI=true: {exc}", pytrace=False)
         pytest.skip(f"rulecheck cannot be built here: {exc}")
 

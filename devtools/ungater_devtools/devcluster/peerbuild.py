@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ungater_devtools.ci import in_ci
 from ungater_devtools.devcluster import versions
 from ungater_devtools.devcluster.build import (
     ControlPlaneUnavailable,
@@ -150,10 +151,6 @@ def _env(*, vendored: bool = False) -> dict[str, str]:
     return env
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}
-
-
 def sources_dir() -> Path:
     """Where verified source archives are kept, so a later checkout elsewhere finds them."""
     return cache_root() / "sources"
@@ -233,7 +230,7 @@ def select_peers(kueue: str | None = None, *, log: Log | None = None) -> tuple[v
         f"Kueue {pin.version}: no source archive {pin.archive.file if pin.archive else ''} "
         f"({where}) and the module proxy does not serve it"
     )
-    if explicit or _in_ci():
+    if explicit or in_ci():
         raise PeersUnavailable(missing)
     say(f"{missing}; using Kueue {pin.fallback} instead")
     return versions.peers_for(pin.fallback)

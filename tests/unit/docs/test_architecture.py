@@ -5,7 +5,6 @@ on the import it exists to forbid."""
 from __future__ import annotations
 
 import ast
-import os
 import re
 import shutil
 import subprocess
@@ -13,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from ungater_devtools.ci import in_ci
 
 ROOT = Path(__file__).resolve().parents[3]
 PACKAGE = ROOT / "ungater"
@@ -109,7 +110,7 @@ def _lint(tree: Path, contract: str) -> subprocess.CompletedProcess[str]:
     lint = Path(sys.executable).with_name("lint-imports")
     if not lint.exists():  # the `lint` dependency group, which `make install` adds
         why = f"{lint} missing: pip install --group lint"
-        if os.environ.get("CI") == "true":
+        if in_ci():
             pytest.fail(why)
         pytest.skip(why)
     return subprocess.run(
