@@ -194,6 +194,15 @@ def owner_object(world: Any, name: str) -> dict[str, Any]:
     return obj
 
 
+def status_written(world: Any, name: str) -> None:
+    """The owner's controller writes the sized object's status (its pods counted): the object
+    is then newer than its pods."""
+    res, obj_name = world.kind.sized(name)
+    obj = world.fake.read(res, NAMESPACE, obj_name)
+    obj.setdefault("status", {})["observedPods"] = len(pods_of(world, name))
+    world.fake.put(res, obj)
+
+
 def owner_uid_or_none(world: Any, name: str) -> str | None:
     res = world.kind.resource
     obj = world.fake.objects.get((res.group, res.plural, NAMESPACE, name))

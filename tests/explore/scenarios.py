@@ -95,6 +95,7 @@ def _replace_slice(count: int, seed: str, after: str, at: float) -> Callable[[An
 def _shrink_regrow_build(world: Any) -> None:
     _owner(world, MAIN, 4)
     _pods(world, MAIN, range(4), released=True)
+    k.status_written(world, MAIN)
     k.new_slice(world, MAIN, 4, "", admitted=True)
 
 

@@ -85,7 +85,10 @@ class SteppedClient:
         rep = self.replica
         sent = None
         if pod:
-            sent = oracles.Sent(rep.name, pod, self.world.fake.rv, rep.horizon)
+            behind = self.world.rules.owner_lag and oracles.owner_cache_behind(
+                self.world, rep, pod
+            )
+            sent = oracles.Sent(rep.name, pod, self.world.fake.rv, rep.horizon, behind)
         rep.requests.append(Request(kind, what, call, future, sent))
         return await future
 
