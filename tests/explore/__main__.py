@@ -23,6 +23,7 @@ from tests.explore.kinds import KINDS
 from tests.explore.oracles import Rules
 from tests.explore.scenarios import ALL
 from tests.explore.search import explore
+from tests.explore.test_explore import CI_DEPTHS
 from tests.explore.world import Bounds
 
 RULES = ("handover-window", "unknowable")
@@ -39,6 +40,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--faults", type=int, default=1, help="requests that may fail")
     parser.add_argument("--max-states", type=int, default=200_000)
     parser.add_argument("--no-hash", action="store_true", help="merge no states (slow)")
+    parser.add_argument(
+        "--keep-going", action="store_true", help="explore the whole bound past a violation"
+    )
+    parser.add_argument(
+        "--ci", action="store_true", help="each scenario to its CI depth (test_explore.py)"
+    )
     parser.add_argument("--no-liveness", action="store_true", help="skip the liveness oracle")
     parser.add_argument("--no-reports", action="store_true", help="skip the report oracle")
     parser.add_argument("--excuse-off", action="append", choices=RULES, default=[])
@@ -61,9 +68,7 @@ async def main(argv: list[str]) -> int:
     import ungater
 
     print(f"controller: {Path(ungater.__file__).parent}", flush=True)
-    bounds = Bounds(
-        faults=args.faults, hashing=not args.no_hash, liveness=not args.no_liveness
-    )
+    bounds = Bounds(faults=args.faults, hashing=not args.no_hash, liveness=not args.no_liveness)
     rules = Rules(
         handover_window="handover-window" not in args.excuse_off,
         unknowable="unknowable" not in args.excuse_off,
@@ -76,7 +81,10 @@ async def main(argv: list[str]) -> int:
         for kind in args.kind or scenario.kinds:
             if kind not in scenario.kinds:
                 continue
-            report = await explore(scenario, kind, args.depth, bounds, args.max_states, rules)
+            depth = CI_DEPTHS[name] if args.ci else args.depth
+            report = await explore(
+                scenario, kind, depth, bounds, args.max_states, rules, args.keep_going
+            )
             print(report.line(), flush=True)
             for i, step in enumerate(report.trace, 1):
                 print(f"  {i:2}. {step}", flush=True)

@@ -123,7 +123,9 @@ def _of(objects: Objects, group: str, plural: str) -> list[dict[str, Any]]:
 
 
 def owner_uid(world: Any, owner: str) -> str:
-    obj = world.fake.objects.get((world.kind.resource.group, world.kind.resource.plural, NAMESPACE, owner))
+    obj = world.fake.objects.get(
+        (world.kind.resource.group, world.kind.resource.plural, NAMESPACE, owner)
+    )
     return "" if obj is None else str(obj["metadata"]["uid"])
 
 
@@ -147,9 +149,7 @@ def truth(world: Any, owner: str, objects: Objects) -> Truth:
     if obj is None:
         return Truth(None, {}, {}, [], [])
     uid = obj["metadata"]["uid"]
-    ref = ObjectRef(
-        obj["apiVersion"], obj["kind"], obj["metadata"]["name"], uid, controller=True
-    )
+    ref = ObjectRef(obj["apiVersion"], obj["kind"], obj["metadata"]["name"], uid, controller=True)
     slices = [
         parse_workload(w)
         for w in _of(objects, WORKLOADS.group, WORKLOADS.plural)
@@ -182,9 +182,7 @@ def truth(world: Any, owner: str, objects: Objects) -> Truth:
             ps = f.pod_set or "?"
             live[ps] = live.get(ps, 0) + 1
     active = active_slice(slices)
-    caps = (
-        {name: c.cap for name, c in pod_set_caps(active, desired).items()} if active else {}
-    )
+    caps = {name: c.cap for name, c in pod_set_caps(active, desired).items()} if active else {}
     size_unknown = "" if desired is not None or handler.spec.owner_resource is None else "?"
     decision = decide(slices, facts, GATE, (), desired=desired, size_unknown=size_unknown)
     releasable = [r.pod.name for r in decision.releases]

@@ -13,9 +13,9 @@ import time
 import types
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 from unittest import mock
-from dataclasses import dataclass, field, replace
 
 import tests.fakekube as fakekube
 from tests.explore import oracles
@@ -39,11 +39,14 @@ class Report:
     trace: list[str] = field(default_factory=list)
     liveness: bool = False  # the violation is a stuck gate
     after: bool = False  # found while the liveness check ran the execution on
+    violations: int = 0  # states that broke an oracle (more than one: ``keep_going``)
 
     def line(self) -> str:
         what = f"VIOLATION: {self.violation}" if self.violation else "held"
         scope = "all" if self.exhausted else "budget cut:"
         path = f", path of {len(self.trace)}" if self.violation else ""
+        if self.violations > 1:
+            path += f", {self.violations} violating states"
         return (
             f"{self.scenario} [{self.kind}]: {what}; {scope} {self.states} states, "
             f"{self.executions} executions, {self.transitions} steps, depth "
@@ -91,6 +94,7 @@ async def explore(
     bounds: Bounds | None = None,
     max_states: int = 50_000,
     rules: oracles.Rules | None = None,
+    keep_going: bool = False,
 ) -> Report:
     """Every interleaving of ``scenario`` for ``kind`` up to ``depth`` actions (or
     ``max_states`` states)."""
@@ -104,7 +108,9 @@ async def explore(
     seen: set[object] = set()
     frontier: deque[list[Action]] = deque([[]])
     with fast_copies():
-        await _search(scenario, kind, depth, bounds, max_states, rules, report, seen, frontier)
+        await _search(
+            scenario, kind, depth, bounds, max_states, rules, report, seen, frontier, keep_going
+        )
     report.seconds = time.monotonic() - started
     REPORTS.append(report)
     return report
@@ -120,12 +126,14 @@ async def _search(
     report: Report,
     seen: set[object],
     frontier: deque[list[Action]],
+    keep_going: bool,
 ) -> None:
     while frontier:
         path = frontier.popleft()
         report.executions += 1
         report.transitions += len(path)
         world: World | None = None
+        quiescing = False
         try:
             world = await _replay(scenario, kind, bounds, rules, path)
             if bounds.hashing:
@@ -137,23 +145,25 @@ async def _search(
             report.deepest = max(report.deepest, len(path))
             successors = world.enabled() if len(path) < depth else []
             if bounds.liveness:
-                try:
-                    await world.quiesce()
-                    oracles.check_liveness(world)
-                except Violation as exc:
-                    report.liveness = str(exc).startswith("stuck")
-                    report.after = True
-                    raise
+                quiescing = True
+                await world.quiesce()
+                oracles.check_liveness(world)
             frontier.extend([*path, a] for a in successors)
         except Violation as exc:
+            report.violations += 1
+            if report.violation:
+                continue  # (keep_going) a shortest one is kept; this state is not expanded
             report.violation = str(exc)
             report.trace = [str(a) for a in path]
+            report.liveness = report.violation.startswith("stuck")
+            report.after = quiescing
             if report.after:
                 report.trace.append(
                     "then: the rest of the story, the paused reconciles answered, every stream "
                     "delivered, rounds of reconciles with time passing"
                 )
-            break
+            if not keep_going:
+                break
         finally:
             if world is not None:
                 await world.close()

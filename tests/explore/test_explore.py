@@ -19,19 +19,19 @@ from tests.explore.world import Action, Bounds, World
 #: scenario -> the depth CI explores it to, for every kind it names (``make explore`` and
 #: ``python -m tests.explore --depth N`` go deeper); the sum stays within 3 minutes on 2 cores
 CI_DEPTHS = {
-    "shrink-regrow": 6,
-    "shrink-regrow-unfinalized": 6,
-    "resize-no-delete": 5,
-    "handover-relist": 4,
-    "term-shrink-regrow": 4,
+    "shrink-regrow": 5,
+    "shrink-regrow-unfinalized": 5,
+    "resize-no-delete": 4,
+    "handover-relist": 3,
+    "term-shrink-regrow": 3,
     "expiry-read-fails": 4,
-    "slice-window": 4,
+    "slice-window": 3,
     "two-owners": 3,
     "term-unseen-pod": 4,
     "other-gate-shrink": 4,
     "grow": 2,
     "queued-sends": 4,
-    "touched-slice": 6,
+    "touched-slice": 5,
 }
 CASES = [(name, kind) for name in CI_DEPTHS for kind in ALL[name].kinds]
 

@@ -85,9 +85,7 @@ class SteppedClient:
         rep = self.replica
         sent = None
         if pod:
-            behind = self.world.rules.owner_lag and oracles.owner_cache_behind(
-                self.world, rep, pod
-            )
+            behind = self.world.rules.owner_lag and oracles.owner_cache_behind(self.world, rep, pod)
             sent = oracles.Sent(rep.name, pod, self.world.fake.rv, rep.horizon, behind)
         rep.requests.append(Request(kind, what, call, future, sent))
         return await future
@@ -201,6 +199,8 @@ def registry(**override: Any) -> PluginRegistry:
 #: The plugins the controller runs with (a planted bug swaps this one; the oracles keep
 #: ``oracles.TRUTH``, the real plugins).
 REGISTRY = registry()
+#: Each (kind, extra settings)'s validated configuration (pydantic is slow; Config is frozen).
+_CONFIGS: dict[tuple[str, str], Config] = {}
 #: Each (scenario, kind)'s starting objects, built once and copied for every execution.
 _TEMPLATES: dict[tuple[str, str], tuple[bytes, list[str]]] = {}
 
@@ -269,7 +269,11 @@ class World:
     async def _add_replica(self, name: str) -> None:
         elector = Elector()
         extra = dict(self.scenario.config)
-        ctl = Controller(config(self.kind, **extra), self.fake, REGISTRY, clock=self.clock)
+        key = (self.kind.name, repr(sorted(extra.items())))
+        settings = _CONFIGS.get(key)
+        if settings is None:
+            settings = _CONFIGS[key] = config(self.kind, **extra)
+        ctl = Controller(settings, self.fake, REGISTRY, clock=self.clock)
         replica = Replica(name, ctl, elector)
         client = SteppedClient(self, replica)
         ctl.client = client
@@ -352,7 +356,9 @@ class World:
     async def step(self, action: Action) -> None:
         self.trace.append(str(action))
         name, args = action.name, action.args
-        rep = self.replica(args[0]) if args and isinstance(args[0], str) and name != "story" else None
+        rep = (
+            self.replica(args[0]) if args and isinstance(args[0], str) and name != "story" else None
+        )
         if name == "story":
             _, write = self.scenario.story[self.story_at]
             self.story_at += 1
@@ -662,8 +668,8 @@ _WIRING = ("pluggy", "ungater._plugins", "asyncio", "anyio", "logging", "threadi
 
 def canonical(value: Any, _seen: frozenset[int] = frozenset()) -> Any:
     """A hashable, order-independent dump of ``value``: every attribute of every object
-    reachable from it (dataclasses, slots, plain objects), dicts and sets sorted, callables and
-    wiring left out."""
+    reachable from it (dataclasses, slots, plain objects), dicts and sets as frozensets,
+    callables and wiring left out."""
     if value is None or isinstance(value, bool | int | float | str | bytes):
         return value
     if isinstance(value, enum.Enum):
@@ -671,11 +677,13 @@ def canonical(value: Any, _seen: frozenset[int] = frozenset()) -> Any:
     if id(value) in _seen:
         return "<cycle>"
     seen = _seen | {id(value)}
-    if isinstance(value, dict):
-        items = [(canonical(k, seen), canonical(v, seen)) for k, v in value.items()]
-        return ("dict", tuple(sorted(items, key=repr)))
+    if isinstance(value, dict):  # order-independent without sorting: a frozenset of pairs
+        return (
+            "dict",
+            frozenset((canonical(k, seen), canonical(v, seen)) for k, v in value.items()),
+        )
     if isinstance(value, set | frozenset):
-        return ("set", tuple(sorted((canonical(v, seen) for v in value), key=repr)))
+        return ("set", frozenset(canonical(v, seen) for v in value))
     if isinstance(value, list | tuple) or type(value).__name__ == "deque":
         return tuple(canonical(v, seen) for v in value)
     module = type(value).__module__ or ""
