@@ -666,53 +666,72 @@ OUTPUT_ONLY = frozenset(
 _WIRING = ("pluggy", "ungater._plugins", "asyncio", "anyio", "logging", "threading", "tests.")
 
 
-def canonical(value: Any, _seen: frozenset[int] = frozenset()) -> Any:
+def canonical(value: Any, memo: dict[int, Any] | None = None) -> Any:
     """A hashable, order-independent dump of ``value``: every attribute of every object
     reachable from it (dataclasses, slots, plain objects), dicts and sets as frozensets,
-    callables and wiring left out."""
+    callables and wiring left out. ``memo`` (by object id, for one dump: an object shared by
+    two indexes is walked once) must not outlive the objects."""
     if value is None or isinstance(value, bool | int | float | str | bytes):
         return value
+    memo = {} if memo is None else memo
+    key = id(value)
+    if key in memo:
+        return memo[key]
+    memo[key] = "<cycle>"  # until done: a reference back to an object being dumped
+    memo[key] = out = _dump(value, memo)
+    return out
+
+
+def _dump(value: Any, memo: dict[int, Any]) -> Any:
     if isinstance(value, enum.Enum):
         return str(value)
-    if id(value) in _seen:
-        return "<cycle>"
-    seen = _seen | {id(value)}
     if isinstance(value, dict):  # order-independent without sorting: a frozenset of pairs
         return (
             "dict",
-            frozenset((canonical(k, seen), canonical(v, seen)) for k, v in value.items()),
+            frozenset((canonical(k, memo), canonical(v, memo)) for k, v in value.items()),
         )
     if isinstance(value, set | frozenset):
-        return ("set", frozenset(canonical(v, seen) for v in value))
+        return ("set", frozenset(canonical(v, memo) for v in value))
     if isinstance(value, list | tuple) or type(value).__name__ == "deque":
-        return tuple(canonical(v, seen) for v in value)
-    module = type(value).__module__ or ""
+        return tuple(canonical(v, memo) for v in value)
     if callable(value) and not hasattr(value, "__dict__") and not hasattr(value, "__slots__"):
         return "<callable>"
-    if module.startswith(_WIRING) or isinstance(value, type):
-        return f"<{type(value).__name__}>"
-    if hasattr(value, "__dict__") or hasattr(type(value), "__slots__"):
-        names: list[str] = list(getattr(value, "__dict__", {}))
-        for klass in type(value).__mro__:
-            names.extend(s for s in getattr(klass, "__slots__", ()) if s not in names)
+    kind = type(value)
+    if (kind.__module__ or "").startswith(_WIRING) or isinstance(value, type):
+        return f"<{kind.__name__}>"
+    if hasattr(value, "__dict__") or hasattr(kind, "__slots__"):
         attrs = []
-        for name in names:
-            if name.startswith("__") or name in OUTPUT_ONLY:
-                continue
+        for name in _attributes(value):
             try:
                 attr = getattr(value, name)
             except AttributeError:
                 continue
             if callable(attr) and not hasattr(attr, "__dict__"):
                 continue
-            attrs.append((name, canonical(attr, seen)))
-        return (type(value).__name__, tuple(attrs))
+            attrs.append((name, canonical(attr, memo)))
+        return (kind.__name__, tuple(attrs))
     return repr(value)
 
 
+_SLOTS: dict[type, tuple[str, ...]] = {}
+
+
+def _attributes(value: Any) -> list[str]:
+    kind = type(value)
+    slots = _SLOTS.get(kind)
+    if slots is None:
+        names: list[str] = []
+        for klass in kind.__mro__:
+            names.extend(s for s in getattr(klass, "__slots__", ()) if s not in names)
+        slots = _SLOTS[kind] = tuple(names)
+    names = [*getattr(value, "__dict__", {}), *slots]
+    return [n for n in names if not n.startswith("__") and n not in OUTPUT_ONLY]
+
+
 def _replica_state(rep: Replica, trace: list[str]) -> Any:
+    memo: dict[int, Any] = {}
     stores = tuple(
-        (r.resource_version, canonical(r.store), r.label_selector) for r in rep.reflectors
+        (r.resource_version, canonical(r.store, memo), r.label_selector) for r in rep.reflectors
     )
     running = None
     if rep.task is not None:
@@ -720,7 +739,7 @@ def _replica_state(rep: Replica, trace: list[str]) -> Any:
     return (
         stores,
         tuple(rep.cursors),
-        canonical(rep.ctl.state),
+        canonical(rep.ctl.state, memo),
         rep.elector.is_leader,
         None if rep.elector.term is None else rep.elector.term.resource_version,
         rep.working,
