@@ -11,8 +11,9 @@
     writes; between them no slice is active. A release landing then is judged against
     min(the finished slice's cap, the pending replacement's count).
   - ``unknowable``: a bound lowered by a write the deciding replica could not have known,
-    committed after the last request that reconcile made before sending the patch (after the
-    reconcile began, if it made none). The release is judged against the cap as it was then.
+    committed after the last read (GET or LIST) that reconcile had answered before sending the
+    patch (after the reconcile began, if it read nothing; our own patches' answers tell it
+    nothing of the bounds). The release is judged against the cap as it was then.
 
   Nothing else is excused.
 - **Foreign reports** (``check_reports``): a replica may call a release foreign only if another
@@ -54,7 +55,8 @@ class Violation(AssertionError):
 @dataclass(frozen=True)
 class Sent:
     """A releasing patch of ours as it left: who sent it, the pod, the server's version then,
-    and the server's version at the last request its reconcile made before it (its horizon)."""
+    and the server's version at the last read its reconcile had answered before it (its
+    horizon)."""
 
     replica: str
     pod: str
@@ -62,6 +64,9 @@ class Sent:
     horizon: int
     #: the sender's cache of the owner's size was behind the server's (``owner_lag`` only)
     owner_behind: bool = False
+    #: the requests its reconcile had answered before it, each with the version it was
+    #: served at (for a violation's report)
+    reads: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass
@@ -270,7 +275,8 @@ def judge(world: Any, sent: Sent, what: str) -> None:
             raise Violation(
                 f"after {what}: {owner} pod set {ps} has {live} live released, true cap {cap}"
                 f" (allowed {allowed} by {why}; the patch left at version {sent.sent_rv},"
-                f" its reconcile's last read at {sent.horizon})"
+                f" its reconcile's last read at {sent.horizon}; answered before it: "
+                f"{', '.join(f'{w} at {at}' for w, at in sent.reads) or 'nothing'})"
             )
 
 

@@ -177,9 +177,9 @@ async def test_the_handover_window_rule_excuses_only_min_of_old_and_replacement(
 
 @pytest.mark.anyio
 async def test_the_unknowable_rule_excuses_only_writes_after_the_last_read() -> None:
-    """The owner shrinks 3 -> 1 after the releasing reconcile's last request: that release is
+    """The owner shrinks 3 -> 1 after the releasing reconcile's last read: that release is
     judged against the cap then (3). With the rule off, or with the shrink committed before
-    the last request (the releaser could have read it), it breaks the cap of 1."""
+    the last read (the releaser could have read it), it breaks the cap of 1."""
     for rule_on, read_after_shrink in ((True, False), (False, False), (True, True)):
         world = await _world("queued-sends")
         try:

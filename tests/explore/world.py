@@ -86,7 +86,9 @@ class SteppedClient:
         sent = None
         if pod:
             behind = self.world.rules.owner_lag and oracles.owner_cache_behind(self.world, rep, pod)
-            sent = oracles.Sent(rep.name, pod, self.world.fake.rv, rep.horizon, behind)
+            sent = oracles.Sent(
+                rep.name, pod, self.world.fake.rv, rep.horizon, behind, tuple(rep.served)
+            )
         rep.requests.append(Request(kind, what, call, future, sent))
         return await future
 
@@ -145,7 +147,8 @@ class Replica:
     key: OwnerKey | None = None  # the owner the running reconcile is of
     began: int = 0  # the trace length when the running reconcile began
     pauses: int = 0  # pauses of the running reconcile
-    horizon: int = 0  # the server's version at the reconcile's last answered request
+    horizon: int = 0  # the server's version at the reconcile's last answered read
+    served: list[tuple[str, int]] = field(default_factory=list)  # its answered requests
     working: bool = False  # its workers run (a term began and the controller acts)
     listing: bool = False  # its caches take a list now (a relist): removals cannot be dated
     # (pod, how the replica saw it: "watch" or "list") it called released by another writer
@@ -487,6 +490,7 @@ class World:
         key = OwnerKey(NAMESPACE, oracles.owner_uid(self, owner))
         rep.key, rep.began, rep.pauses = key, len(self.trace), 0
         rep.horizon = self.fake.rv
+        rep.served = []
 
         async def run() -> None:
             # what the worker retries with backoff; anything else is a bug and ends the run
@@ -505,12 +509,20 @@ class World:
         try:
             result = await req.call()
         except Exception as exc:
-            rep.horizon = self.fake.rv
+            self._served(rep, req)
             req.answer.set_exception(exc)
             return
-        rep.horizon = self.fake.rv
+        self._served(rep, req)
         req.answer.set_result(result)
         self._landed(req, result)
+
+    def _served(self, rep: Replica, req: Request) -> None:
+        """A request of the running reconcile was served: a read (GET, LIST) moves what the
+        replica could know up to now (``oracles.Rules.unknowable``); a patch tells it nothing
+        of the bounds."""
+        rep.served.append((req.what, self.fake.rv))
+        if req.kind != "patch":
+            rep.horizon = self.fake.rv
 
     def _landed(self, req: Request, patched: Any) -> None:
         if req.sent is None:
