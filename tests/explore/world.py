@@ -352,7 +352,7 @@ class World:
             ):
                 out.append(Action("lead", (rep.name,)))
         out.extend(Action("land", (i,)) for i in range(len(self.late)))
-        if self.expiries < b.expiries and any(len(rep.ctl.expectations) for rep in self.replicas):
+        if self.expiries < b.expiries and any(_waits_on_time(rep) for rep in self.replicas):
             out.append(Action("expire"))
         return out
 
@@ -758,6 +758,13 @@ def _replica_state(rep: Replica, trace: list[str]) -> Any:
         running,
         tuple(rep.reports),
     )
+
+
+def _waits_on_time(rep: Replica) -> bool:
+    """Whether time passing may change what ``rep`` does next: it holds expectations (or a
+    controller without them: always)."""
+    expectations = getattr(rep.ctl, "expectations", None)
+    return expectations is None or len(expectations) > 0
 
 
 def _index(rep: Replica, plural: str) -> int:
