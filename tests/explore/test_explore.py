@@ -31,7 +31,7 @@ CI_DEPTHS = {
     "other-gate-shrink": 4,
     "grow": 2,
     "queued-sends": 4,
-    "touched-slice": 5,
+    "touched-slice": 4,
 }
 CASES = [(name, kind) for name in CI_DEPTHS for kind in ALL[name].kinds]
 
