@@ -49,11 +49,15 @@ world: $(STAMP)
 	WORLD_SEEDS=$(SEEDS) PYTHONHASHSEED=0 $(BIN)/python -m pytest tests/unit/controller/test_controller_properties.py -q
 
 # The small-scope explorer (tests/explore/, docs/testing.md): every interleaving of each
-# scenario's choice points up to DEPTH actions, deeper than `make test` goes (its depths are in
-# tests/explore/test_explore.py). It prints the states explored, or the shortest breaking path.
-DEPTH ?= 11
+# scenario's choice points, for every built-in kind, up to DEPTH actions, deeper than `make
+# test` goes (its depths are in tests/explore/test_explore.py). It prints the states explored
+# per scenario and kind, or the shortest breaking path. EXPLORE_ARGS: more options, e.g.
+# `--kind RayJob --scenario resize-no-delete` or `--against fe342f5` (another commit's
+# controller, from a temporary worktree).
+DEPTH ?= 6
+EXPLORE_ARGS ?=
 explore: $(STAMP)
-	$(BIN)/python -m tests.explore --depth $(DEPTH)
+	$(BIN)/python -m tests.explore --depth $(DEPTH) $(EXPLORE_ARGS)
 
 # pytest-xdist workers: each starts its own planes (a plain one, and a Kueue one per version
 # its tests ask for); the tests of one Kueue version other than the default share one worker

@@ -1,25 +1,32 @@
-"""The stories the explorer runs: the world's writes in order (Kueue, the Job controller, other
-writers), from a starting state, with 1 or 2 replicas. The explorer interleaves everything
-else (deliveries, reconciles, pauses, faults, expiries, leadership) with these steps.
+"""The stories the explorer runs, for every built-in kind: a starting state, then the world's
+writes in order (Kueue, the owner's controller, the user, other writers), with 1 or 2
+replicas. The explorer interleaves everything else with these steps (deliveries, partial
+deliveries, relists, reconciles and their pauses, faults, cancels, expiries, leadership).
 
-Each story holds the ingredients of a known path, not its schedule: which interleaving breaks
-the cap is the explorer's to find. The cap of the owner at any moment is min(the active slice's
-spec and admitted counts, the Job's parallelism), read from the server.
+Each story holds the ingredients of known paths (issue 33's, and issue 40's 1-7), never their
+schedules: which interleaving breaks the cap, or leaves a gate held, is the explorer's to find.
+A kind writes each step its own way (``kinds.py``): "the owner shrinks" is a Job's
+parallelism, a JobSet's replicated Job, a RayCluster's worker replicas, a RayJob's RayCluster;
+"pods deleted" is one MODIFIED (a deletion timestamp) then a DELETED once finalized for pods
+with a finalizer (Job, JobSet), one DELETED for pods without (RayCluster, RayJob, and the
+``unfinalized`` stories).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.objects import JOBS, WORKLOADS
-from tests.unit.podfactory import GATE, NAMESPACE, job, job_pod, workload
-from ungater._decide.indexes import OwnerKey
+from tests.explore import kinds as k
+from tests.unit.podfactory import NAMESPACE
 from ungater._kube.client import PODS
 
 Step = tuple[str, Callable[[Any], None]]
 OTHER_GATE = "example.com/other-gate"
+ALL_KINDS = tuple(k.KINDS)
+MAIN = "train"
 
 
 @dataclass
@@ -33,374 +40,361 @@ class Scenario:
     proven_at_start: bool = True  # the leader led before anything happened (no proof reads)
     handover: bool = False
     bookmarks: bool = False
+    relists: bool = True
     config: dict[str, Any] = field(default_factory=dict)  # settings beside the explorer's
-    jobs: dict[str, Any] = field(default_factory=dict)
+    finalizers: bool | None = None  # the pods carry a finalizer (None: as the kind's do)
+    kinds: tuple[str, ...] = ALL_KINDS
+    faults: int | None = None  # a scenario that needs more than the default
 
-    def setup(self, world: Any) -> None:
-        self.jobs.clear()
-        self.build(world)
-        world.owners = list(self.jobs)
-
-    def key(self, world: Any) -> OwnerKey:
-        j = world.fake.read(JOBS, NAMESPACE, world.owners[0])
-        return OwnerKey(NAMESPACE, j["metadata"]["uid"])
-
-    def live_and_cap(self, world: Any, owner: str) -> tuple[int, int]:
-        fake = world.fake
-        j = fake.read(JOBS, NAMESPACE, owner)
-        if j is None:
-            return 0, 0
-        uid = j["metadata"]["uid"]
-        pods = [
-            p
-            for p in _objects(fake, PODS)
-            if any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])
-        ]
-        live = sum(
-            1
-            for p in pods
-            if GATE not in _gates(p)
-            and p["status"]["phase"] not in ("Succeeded", "Failed")
-            and not p["metadata"].get("deletionTimestamp")
-        )
-        return live, min(_slice_cap(fake, uid), j["spec"].get("parallelism") or 0)
-
-    def bound(self, world: Any, owner: str, rep: Any) -> int:
-        """The server's slice cap, and the owner's size as ``rep``'s owner cache shows it."""
-        j = world.fake.read(JOBS, NAMESPACE, owner)
-        if j is None:
-            return 0
-        uid = j["metadata"]["uid"]
-        s = rep.ctl.state
-        facts = s.owner_facts.get(uid)
-        rt = next(iter(s.kinds.values()))
-        seen = rt.handler.desired_counts(facts) if facts is not None else None
-        size = (seen or {}).get("main", j["spec"].get("parallelism") or 0)
-        return min(_slice_cap(world.fake, uid), size)
+    def reconciled(self, world: Any) -> list[str]:
+        """The owners a reconcile may be of."""
+        return [o for o in world.owners if k.owner_uid_or_none(world, o)]
 
 
-def _objects(fake: Any, resource: Any) -> list[dict[str, Any]]:
-    """The server's objects of a resource, read in place (the oracle only reads them)."""
-    rkey = (resource.group, resource.plural)
-    return [o for k, o in fake.objects.items() if k[:2] == rkey]
+def _owner(world: Any, name: str, size: int) -> None:
+    world.kind.build(world, name, size)
+    world.owners.append(name)
 
 
-def _gates(obj: dict[str, Any]) -> list[str]:
-    return [g["name"] for g in obj["spec"].get("schedulingGates") or []]
+def _pods(world: Any, owner: str, indexes: range, *, released: bool = False) -> None:
+    for i in indexes:
+        k.pod(world, owner, i, released=released)
 
 
-def _slice_cap(fake: Any, owner_uid: str) -> int:
-    """min(spec, admitted) of the newest admitted slice neither finished nor evicted (0: none)."""
-    best: tuple[str, int] | None = None
-    for wl in _objects(fake, WORKLOADS):
-        if not any(r.get("uid") == owner_uid for r in wl["metadata"].get("ownerReferences") or []):
-            continue
-        conds = {c["type"]: c["status"] for c in wl["status"].get("conditions") or []}
-        if conds.get("Admitted") != "True" or "True" in (
-            conds.get("Finished"),
-            conds.get("Evicted"),
-        ):
-            continue
-        spec = wl["spec"]["podSets"][0]["count"]
-        admitted = wl["status"]["admission"]["podSetAssignments"][0]["count"]
-        stamp = wl["metadata"]["creationTimestamp"]
-        if best is None or stamp > best[0]:
-            best = (stamp, min(spec, admitted))
-    return best[1] if best is not None else 0
+def _shrink(size: int, victims: range, owner: str = MAIN) -> Callable[[Any], None]:
+    def write(w: Any) -> None:
+        k.resize(w, owner, size)
+        k.delete_pods(w, owner, victims)
+
+    return write
 
 
-# -- helpers the stories write with -----------------------------------------------------------
+def _regrow(size: int, new: range, owner: str = MAIN) -> Callable[[Any], None]:
+    def write(w: Any) -> None:
+        k.resize(w, owner, size)
+        for i in new:
+            k.pod(w, owner, i, seed="again")
+
+    return write
 
 
-def _job(world: Any, name: str, parallelism: int) -> dict[str, Any]:
-    j = world.fake.put(JOBS, job(name, parallelism=parallelism, completions=8))
-    world.scenario.jobs[name] = j
-    return j
+def _replace_slice(count: int, seed: str, after: str, at: float) -> Callable[[Any], None]:
+    """Kueue's hand-over in one step: the old slice finished, the replacement admitted."""
+
+    def write(w: Any) -> None:
+        k.finish(w, MAIN, after)
+        k.new_slice(w, MAIN, count, seed, admitted=True, after=after, at=at)
+
+    return write
 
 
-def _resize(world: Any, name: str, parallelism: int) -> None:
-    j = world.fake.read(JOBS, NAMESPACE, name)
-    j["spec"]["parallelism"] = parallelism
-    world.fake.put(JOBS, j)
+# -- issue 40, 1 and 2: a shrink whose victims go (with or without a deletion timestamp first,
+#    seen through a watch or a relist), the slice lowered, the owner grown back -------------------
 
 
-def _pod(world: Any, owner: str, index: int, *, released: bool = False, seed: str = "") -> None:
-    j = world.fake.read(JOBS, NAMESPACE, owner)
-    p = job_pod(j, index=index, created=1 + index, seed=seed)
-    if released:
-        p["spec"]["schedulingGates"] = []
-    world.fake.put(PODS, p)
+def _shrink_regrow_build(world: Any) -> None:
+    _owner(world, MAIN, 4)
+    _pods(world, MAIN, range(4), released=True)
+    k.status_written(world, MAIN)
+    k.new_slice(world, MAIN, 4, "", admitted=True)
 
 
-def _slice(
-    world: Any, owner: str, count: int, seed: str, *, admitted: bool, after: str = "", at: float = 0
-) -> None:
-    j = world.fake.read(JOBS, NAMESPACE, owner)
-    replaced = f"{NAMESPACE}/{after}" if after else None
-    wl = workload(
-        j,
-        {"main": count},
-        admitted={"main": count} if admitted else None,
-        created=at,
-        seed=seed,
-        replacement_for=replaced,
-    )
-    world.fake.put(WORKLOADS, wl)
+_SHRINK_REGROW_STORY: list[Step] = [
+    ("the owner shrinks to 2, pods 2 and 3 deleted", _shrink(2, range(2, 4))),
+    ("the victims' finalizers removed", lambda w: k.finalize_pods(w, MAIN)),
+    ("Kueue lowers the slice to 2", lambda w: k.lower(w, MAIN, "", 2)),
+    ("the owner grows back to 4, pods 2 and 3 created", _regrow(4, range(2, 4))),
+]
+
+SHRINK_REGROW = Scenario(
+    "shrink-regrow",
+    "4 released; the owner shrinks to 2 (pods 2, 3 deleted), Kueue lowers the slice to 2, the "
+    "owner grows back to 4",
+    _shrink_regrow_build,
+    list(_SHRINK_REGROW_STORY),
+)
+
+SHRINK_REGROW_UNFINALIZED = Scenario(
+    "shrink-regrow-unfinalized",
+    "shrink-regrow with pods that carry no finalizer (one DELETED event, no deletion timestamp "
+    "first): a Job's pods without the tracking finalizer",
+    _shrink_regrow_build,
+    list(_SHRINK_REGROW_STORY),
+    finalizers=False,
+    kinds=("Job", "JobSet"),  # the Ray kinds' pods carry none anyway: shrink-regrow
+)
+
+# -- issue 40, 7: the owner's size shrinks (no pod deleted) and grows back ------------------------
 
 
-def _slice_name(world: Any, owner: str, seed: str) -> str:
-    j = world.fake.read(JOBS, NAMESPACE, owner)
-    return str(workload(j, {"main": 1}, seed=seed)["metadata"]["name"])
+def _resize_build(world: Any) -> None:
+    _owner(world, MAIN, 4)
+    _pods(world, MAIN, range(2), released=True)
+    _pods(world, MAIN, range(2, 4))
+    k.new_slice(world, MAIN, 2, "", admitted=True)
 
 
-def _finish(world: Any, owner: str, seed: str) -> None:
-    wl = world.fake.read(WORKLOADS, NAMESPACE, _slice_name(world, owner, seed))
-    wl["status"]["conditions"].append(
-        {"type": "Finished", "status": "True", "reason": "WorkloadSliceReplaced"}
-    )
-    world.fake.put(WORKLOADS, wl)
+RESIZE_NO_DELETE = Scenario(
+    "resize-no-delete",
+    "2 of 4 released under a slice of 2; a slice of 4 replaces it; the owner shrinks to 2 with "
+    "no pod deleted, Kueue lowers the slice to 2, the owner grows back to 4",
+    _resize_build,
+    [
+        ("S1 finished, S2 admitted at 4", _replace_slice(4, "s2", "", 10)),
+        ("the owner shrinks to 2 (no pod deleted)", lambda w: k.resize(w, MAIN, 2)),
+        ("Kueue lowers S2 to 2", lambda w: k.lower(w, MAIN, "s2", 2)),
+        ("the owner grows back to 4", lambda w: k.resize(w, MAIN, 4)),
+    ],
+)
+
+# -- issue 40, 3 and 4: a hand-over, the old leader's releases landing in the new term, relists ---
 
 
-def _lower(world: Any, owner: str, seed: str, count: int) -> None:
-    wl = world.fake.read(WORKLOADS, NAMESPACE, _slice_name(world, owner, seed))
-    wl["spec"]["podSets"][0]["count"] = count
-    wl["status"]["admission"]["podSetAssignments"][0]["count"] = count
-    world.fake.put(WORKLOADS, wl)
+def _handover_grow_build(world: Any) -> None:
+    _owner(world, MAIN, 3)
+    _pods(world, MAIN, range(3))
+    k.new_slice(world, MAIN, 3, "", admitted=True)
 
 
-def _delete_pods(world: Any, owner: str, indexes: range) -> None:
-    for p in world.fake.items(PODS, NAMESPACE):
-        labels = p["metadata"].get("labels") or {}
-        if (
-            p["metadata"]["name"].startswith(f"{owner}-")
-            and int(labels.get("batch.kubernetes.io/job-completion-index", -1)) in indexes
-        ):
-            world.fake.delete(PODS, NAMESPACE, p["metadata"]["name"])
+HANDOVER_RELIST = Scenario(
+    "handover-relist",
+    "a leader and a standby; 3 pods admitted; leadership may pass at any step; the owner then "
+    "grows to 4 through a new slice",
+    _handover_grow_build,
+    [
+        ("the owner grows to 4, pod 3 created", _regrow(4, range(3, 4))),
+        ("S1 finished, S2 admitted at 4", _replace_slice(4, "s2", "", 10)),
+    ],
+    replicas=("a", "b"),
+    handover=True,
+)
 
-
-# -- 1. a new term, a silent pod watch, an expectation of a pod the cache never held ----------
+# -- issue 40, 5: a new term's reads, and a shrink and regrow between them ------------------------
 
 
 def _term_build(world: Any) -> None:
-    _job(world, "train", 2)
+    _owner(world, MAIN, 4)
+    _pods(world, MAIN, range(2), released=True)
+    _pods(world, MAIN, range(2, 4))
+    k.new_slice(world, MAIN, 4, "", admitted=True)
+
+
+TERM_SHRINK_REGROW = Scenario(
+    "term-shrink-regrow",
+    "a new term whose caches may lag; 2 of 4 released, 2 releasable; the owner shrinks to 2 "
+    "(pods 2, 3 deleted), Kueue lowers the slice, the owner grows back",
+    _term_build,
+    [
+        ("the owner shrinks to 2, pods 2 and 3 deleted", _shrink(2, range(2, 4))),
+        ("the victims' finalizers removed", lambda w: k.finalize_pods(w, MAIN)),
+        ("Kueue lowers the slice to 2", lambda w: k.lower(w, MAIN, "", 2)),
+        ("the owner grows back to 4, pods 2 and 3 created", _regrow(4, range(2, 4))),
+    ],
+    proven_at_start=False,
+    bookmarks=True,
+)
+
+# -- issue 40, 6: a new term releases a pod its cache never held; the expectation expires and
+#    reading it back fails -----------------------------------------------------------------------
+
+
+def _expiry_build(world: Any) -> None:
+    _owner(world, MAIN, 2)
+    k.new_slice(world, MAIN, 1, "", admitted=True)
+
+
+def _pods_created(w: Any) -> None:
+    k.pod(w, MAIN, 1)
+    k.pod(w, MAIN, 0)
+
+
+EXPIRY = Scenario(
+    "expiry-read-fails",
+    "a new term whose pod cache lags; pods 1 and 0 created under a slice of 1; expectations "
+    "expire, reads fail or time out",
+    _expiry_build,
+    [("pods 1 and 0 created", _pods_created)],
+    proven_at_start=False,
+    bookmarks=True,
+)
+
+# -- the slice hand-over window (Kueue's two writes) ---------------------------------------------
+
+
+def _window_build(world: Any) -> None:
+    _owner(world, MAIN, 2)
+    _pods(world, MAIN, range(2))
+    k.new_slice(world, MAIN, 1, "", admitted=True)
+
+
+SLICE_WINDOW = Scenario(
+    "slice-window",
+    "2 pods, S1 admitted at 1; S2 (2) created pending, S1 finished, S2 admitted: Kueue's "
+    "hand-over in two writes",
+    _window_build,
+    [
+        (
+            "S2 (2) created, pending",
+            lambda w: k.new_slice(w, MAIN, 2, "s2", admitted=False, after="", at=10),
+        ),
+        ("S1 finished", lambda w: k.finish(w, MAIN, "")),
+        ("S2 admitted", lambda w: k.admit(w, MAIN, "s2")),
+    ],
+)
+
+# -- two owners in one namespace ----------------------------------------------------------------
+
+OTHER = "infer"
+
+
+def _two_build(world: Any) -> None:
+    _owner(world, MAIN, 2)
+    _pods(world, MAIN, range(2), released=True)
+    k.new_slice(world, MAIN, 2, "", admitted=True)
+    _owner(world, OTHER, 2)
+    _pods(world, OTHER, range(2))
+    k.new_slice(world, OTHER, 1, "", admitted=True)
+
+
+TWO_OWNERS = Scenario(
+    "two-owners",
+    "two owners in one namespace: one shrinks 2 -> 1 (pod 1 deleted, its slice lowered) while "
+    "the other's slice is replaced by a larger one",
+    _two_build,
+    [
+        ("train shrinks to 1, pod 1 deleted", _shrink(1, range(1, 2))),
+        ("Kueue lowers train's slice to 1", lambda w: k.lower(w, MAIN, "", 1)),
+        (
+            "infer's S1 finished, S2 admitted at 2",
+            lambda w: (
+                k.finish(w, OTHER, ""),
+                k.new_slice(w, OTHER, 2, "s2", admitted=True, after="", at=10),
+            ),
+        ),
+    ],
+)
+
+# -- issue 33's paths, for every kind -------------------------------------------------------------
+
+
+def _term_unseen_build(world: Any) -> None:
+    _owner(world, MAIN, 2)
 
 
 TERM_UNSEEN_POD = Scenario(
     "term-unseen-pod",
     "a new leader whose caches are behind its term's start; pods and a slice arrive",
-    _term_build,
+    _term_unseen_build,
     [
-        ("pod 1 created", lambda w: _pod(w, "train", 1)),
-        ("pod 0 created", lambda w: _pod(w, "train", 0)),
-        ("slice admitted at 1", lambda w: _slice(w, "train", 2 - 1, "", admitted=True)),
+        ("pod 1 created", lambda w: k.pod(w, MAIN, 1)),
+        ("pod 0 created", lambda w: k.pod(w, MAIN, 0)),
+        ("slice admitted at 1", lambda w: k.new_slice(w, MAIN, 1, "", admitted=True)),
     ],
     proven_at_start=False,
     bookmarks=True,
 )
 
 
-# -- 2. a shrink, a slice lowered in place, a chain of replacements -----------------------------
-
-
-def _chain_build(world: Any) -> None:
-    _job(world, "train", 6)
-    for i in range(6):
-        _pod(world, "train", i, released=True)
-    _slice(world, "train", 4, "", admitted=True)
-    _slice(world, "train", 6, "s2", admitted=True, after=_slice_name(world, "train", ""), at=10)
-
-
-def _grow_to_3(w: Any) -> None:
-    _resize(w, "train", 3)
-    _finish(w, "train", "s2")
-    _slice(w, "train", 3, "s3", admitted=True, after=_slice_name(w, "train", "s2"), at=20)
-    _pod(w, "train", 2, seed="again")
-
-
-def _grow_to_5(w: Any) -> None:
-    _resize(w, "train", 5)
-    _slice(w, "train", 5, "s4", admitted=False, after=_slice_name(w, "train", "s3"), at=30)
-    for i in (3, 4):
-        _pod(w, "train", i, seed="again")
-
-
-def _shrink_to_2(w: Any) -> None:
-    _resize(w, "train", 2)
-    _delete_pods(w, "train", range(2, 6))
-
-
-SLICE_CHAIN = Scenario(
-    "slice-chain",
-    "S1 (4) and S2 (6) admitted; S1 finishes, the Job shrinks to 2, S2 is lowered, the Job "
-    "grows to 3 (S3) then 5 (S4 pending)",
-    _chain_build,
-    [
-        ("S1 finished", lambda w: _finish(w, "train", "")),
-        ("the Job shrinks to 2, pods 2-5 deleted", _shrink_to_2),
-        ("S2 lowered to 2", lambda w: _lower(w, "train", "s2", 2)),
-        ("the Job grows to 3: S2 finished, S3 admitted at 3, pod 2 created", _grow_to_3),
-        ("the Job grows to 5: S4 pending, pods 3 and 4 created", _grow_to_5),
-    ],
-)
-
-
-# -- 3. another writer's gate on a pod, and a shrink ---------------------------------------------
-
-
 def _other_gate_build(world: Any) -> None:
-    _job(world, "train", 3)
-    for i in range(3):
-        _pod(world, "train", i)
-    p = world.fake.items(PODS, NAMESPACE)[-1]
-    p["spec"]["schedulingGates"].append({"name": OTHER_GATE})
-    world.fake.put(PODS, p)
-    _slice(world, "train", 3, "", admitted=True)
+    _owner(world, MAIN, 3)
+    _pods(world, MAIN, range(2))
+    k.pod(world, MAIN, 2, gates=[k.GATE, OTHER_GATE])
+    k.new_slice(world, MAIN, 3, "", admitted=True)
 
 
 def _other_writer_releases(w: Any) -> None:
-    for p in w.fake.items(PODS, NAMESPACE):
-        if OTHER_GATE in _gates(p):
-            p["spec"]["schedulingGates"] = [
-                g for g in p["spec"]["schedulingGates"] if g["name"] != OTHER_GATE
-            ]
+    for p in map(copy.deepcopy, k.pods_of(w, MAIN)):
+        gates = [g["name"] for g in p["spec"].get("schedulingGates") or []]
+        if OTHER_GATE in gates:
+            p["spec"]["schedulingGates"] = [{"name": g} for g in gates if g != OTHER_GATE]
             w.fake.put(PODS, p)
 
 
 OTHER_GATE_SHRINK = Scenario(
     "other-gate-shrink",
-    "3 pods admitted, one also gated by another writer, who releases it; the Job shrinks to 2",
+    "3 pods admitted, one also gated by another writer, who releases it; the owner shrinks to 2",
     _other_gate_build,
     [
         ("the other writer removes its gate", _other_writer_releases),
-        ("the Job shrinks to 2", lambda w: _resize(w, "train", 2)),
+        ("the owner shrinks to 2", lambda w: k.resize(w, MAIN, 2)),
     ],
 )
 
 
-# -- 4. a hand-over onto a standby -------------------------------------------------------------
-
-
-def _handover_build(world: Any) -> None:
-    _job(world, "train", 1)
-    _pod(world, "train", 0)
-    _slice(world, "train", 1, "", admitted=True)
-
-
-HANDOVER = Scenario(
-    "handover",
-    "a leader and a standby; one pod admitted; leadership may pass at any step",
-    _handover_build,
-    [],
-    replicas=("a", "b"),
-    leading=("a",),
-    handover=True,
-)
-
-# -- 5. the issue's small scope: 2 replicas, up to 3 pods, up to 3 slices ----------------------
-
-
 def _grow_build(world: Any) -> None:
-    _job(world, "train", 1)
-    _pod(world, "train", 0)
-    _slice(world, "train", 1, "", admitted=True)
-
-
-def _grow(w: Any, size: int) -> None:
-    _resize(w, "train", size)
-    _pod(w, "train", size - 1)
-
-
-def _admit(w: Any, size: int, seed: str, after: str) -> None:
-    _finish(w, "train", after)
-    _slice(
-        w, "train", size, seed, admitted=True, after=_slice_name(w, "train", after), at=size * 10
-    )
+    _owner(world, MAIN, 1)
+    _pods(world, MAIN, range(1))
+    k.new_slice(world, MAIN, 1, "", admitted=True)
 
 
 GROW = Scenario(
     "grow",
-    "a leader and a standby; a Job grows 1 -> 2 -> 3 through three slices",
+    "a leader and a standby; the owner grows 1 -> 2 -> 3 through three slices",
     _grow_build,
     [
-        ("the Job grows to 2, pod 1 created", lambda w: _grow(w, 2)),
-        ("S1 finished, S2 admitted at 2", lambda w: _admit(w, 2, "s2", "")),
-        ("the Job grows to 3, pod 2 created", lambda w: _grow(w, 3)),
-        ("S2 finished, S3 admitted at 3", lambda w: _admit(w, 3, "s3", "s2")),
+        ("the owner grows to 2, pod 1 created", _regrow(2, range(1, 2))),
+        ("S1 finished, S2 admitted at 2", _replace_slice(2, "s2", "", 20)),
+        ("the owner grows to 3, pod 2 created", _regrow(3, range(2, 3))),
+        ("S2 finished, S3 admitted at 3", _replace_slice(3, "s3", "s2", 30)),
     ],
     replicas=("a", "b"),
-    leading=("a",),
     handover=True,
     bookmarks=True,
 )
 
-# -- 6. one patch at a time, and a shrink while the rest wait -----------------------------------
-
 
 def _queued_build(world: Any) -> None:
-    _job(world, "train", 3)
-    for i in range(3):
-        _pod(world, "train", i)
-    _slice(world, "train", 3, "", admitted=True)
+    _owner(world, MAIN, 3)
+    _pods(world, MAIN, range(3))
+    k.new_slice(world, MAIN, 3, "", admitted=True)
 
 
 QUEUED_SENDS = Scenario(
     "queued-sends",
-    "3 pods admitted, patches one at a time; the Job shrinks to 1",
+    "3 pods admitted, patches one at a time; the owner shrinks to 1",
     _queued_build,
-    [("the Job shrinks to 1", lambda w: _resize(w, "train", 1))],
+    [("the owner shrinks to 1", lambda w: k.resize(w, MAIN, 1))],
     config={"client": {"patchConcurrency": 1}},
 )
 
 
-# -- 7. a slice touched between a shrink's victims and Kueue's lowering --------------------------
-
-
-def _shrink(w: Any, size: int, victims: range) -> None:
-    _resize(w, "train", size)
-    _delete_pods(w, "train", victims)
-
-
-def _touch(w: Any) -> None:
-    wl = w.fake.read(WORKLOADS, NAMESPACE, _slice_name(w, "train", ""))
-    wl["metadata"].setdefault("labels", {})["touched"] = "yes"
-    w.fake.put(WORKLOADS, wl)
-
-
-def _regrow(w: Any) -> None:
-    _resize(w, "train", 4)
-    for i in (2, 3):
-        _pod(w, "train", i, seed="again")
-
-
 def _touched_build(world: Any) -> None:
-    _job(world, "train", 4)
-    for i in range(4):
-        _pod(world, "train", i, released=True)
-    _slice(world, "train", 4, "", admitted=True)
+    _owner(world, MAIN, 4)
+    _pods(world, MAIN, range(4), released=True)
+    k.new_slice(world, MAIN, 4, "", admitted=True)
 
 
 TOUCHED_SLICE = Scenario(
     "touched-slice",
-    "4 released; the Job shrinks to 2 (pods 2, 3 deleted), the slice gets an unrelated write, "
-    "Kueue lowers it to 2, the Job grows back to 4",
+    "4 released; the owner shrinks to 2 (pods 2, 3 deleted), the slice gets an unrelated "
+    "write, Kueue lowers it to 2, the owner grows back to 4",
     _touched_build,
     [
-        ("the Job shrinks to 2, pods 2 and 3 deleted", lambda w: _shrink(w, 2, range(2, 4))),
-        ("an unrelated write to the slice", _touch),
-        ("Kueue lowers the slice to 2", lambda w: _lower(w, "train", "", 2)),
-        ("the Job grows back to 4, pods 2 and 3 created", _regrow),
+        ("the owner shrinks to 2, pods 2 and 3 deleted", _shrink(2, range(2, 4))),
+        ("the victims' finalizers removed", lambda w: k.finalize_pods(w, MAIN)),
+        ("an unrelated write to the slice", lambda w: k.touch(w, MAIN, "")),
+        ("Kueue lowers the slice to 2", lambda w: k.lower(w, MAIN, "", 2)),
+        ("the owner grows back to 4, pods 2 and 3 created", _regrow(4, range(2, 4))),
     ],
 )
 
-ALL = {
+ALL: dict[str, Scenario] = {
     s.name: s
     for s in (
+        SHRINK_REGROW,
+        SHRINK_REGROW_UNFINALIZED,
+        RESIZE_NO_DELETE,
+        HANDOVER_RELIST,
+        TERM_SHRINK_REGROW,
+        EXPIRY,
+        SLICE_WINDOW,
+        TWO_OWNERS,
         TERM_UNSEEN_POD,
-        SLICE_CHAIN,
         OTHER_GATE_SHRINK,
-        HANDOVER,
         GROW,
         QUEUED_SENDS,
         TOUCHED_SLICE,
     )
 }
+
+__all__ = ["ALL", "NAMESPACE", "Scenario"]

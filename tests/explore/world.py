@@ -1,49 +1,58 @@
 """One execution of the real controller parts under the explorer's hand on every choice point.
 
 The in-memory API server (``tests.fakekube.FakeKube``) holds the objects; each replica is a
-real ``Controller`` whose reflectors are never run: the explorer decides when each watch
-stream delivers (all it has pending, in the server's order), when a quiet stream gets a
-bookmark, when a reconcile runs, where a reconcile pauses on a request to let the world move,
-whether a patch is answered or times out (its write landing later, or never), when
-expectations expire, when leadership passes and when the story (the writes of Kueue, the Job
-controller and other writers) takes its next step. Everything else runs as in production.
+real ``Controller`` whose reflectors and workers are never run: the explorer decides
 
-After every committed write of ours the cap is checked on the server's state: no owner may
-have more live released pods than min(the active slice's spec and admitted counts, its
-size); and no replica may report as foreign a release no other writer made.
+- when each watch stream delivers (all it has pending, or only its next event), when a stream
+  is relisted (410 Gone: the store replaced by a fresh list, whose deletions carry the last
+  state the cache held), when a quiet stream gets a bookmark;
+- when a reconcile of an owner runs, and where it pauses: before any of its requests, any
+  number of times; a paused request answered, a read failing (an API error) or timing out, a
+  patch timing out with its write landing at any later step or never, the worker cancelled
+  while a request is out (its patch landing later, or never);
+- when the expectations' timeout passes, when leadership passes to another replica (its
+  ``is_leader`` and term at once) and, as a later step, when its workers start;
+- when the story (the writes of Kueue, the owners' controllers, the user and other writers)
+  takes its next step.
+
+Everything else runs as in production. The oracles (``oracles.py``) judge every release of
+ours as it lands against the server's true cap, every report of a foreign release, and, from
+any state, whether the controller left a releasable pod gated for good.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import enum
 import pickle
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import ungater_plugins.job as job_plugin
+import ungater_plugins.jobset as jobset_plugin
+import ungater_plugins.raycluster as raycluster_plugin
+import ungater_plugins.rayjob as rayjob_plugin
 
+from tests.explore import oracles
+from tests.explore.kinds import JOB, Kind
 from tests.fakekube import FakeKube
+from tests.unit.podfactory import NAMESPACE
 from ungater._controller.controller import Controller
-from ungater._controller.reconciler import Changed, PatchesFailed
-from ungater._decide.decision import Decision
 from ungater._decide.indexes import OwnerKey
 from ungater._kube.client import ApiError, Resource
 from ungater._kube.reflector import Reflector
 from ungater._model.config import Config
 from ungater._plugins.registry import PluginRegistry
 
-GATE = "kueue.x-k8s.io/elastic-job"
 LEASES = Resource("", "v1", "configmaps", "ConfigMap")  # the Lease write that starts a term
 #: How many loop turns let the controller's tasks run to their next request (or their end).
 SETTLE_TURNS = 1000
 #: The most requests one reconcile makes (a bound, so a runaway reconcile cannot hang a run).
 MAX_REQUESTS = 64
+EXPECTATIONS_TIMEOUT = 5
 
-
-class Violation(AssertionError):
-    """The cap broken, or a false foreign-release report."""
+Violation = oracles.Violation
 
 
 @dataclass
@@ -52,13 +61,12 @@ class Request:
     what: str
     call: Callable[[], Awaitable[Any]]
     answer: asyncio.Future[Any]
-    bound: int | None = None  # a patch's: the cap it was sent under (see ``World._check``)
-    releasing: bool = False  # a patch that removes a scheduling gate (not a fence)
+    sent: oracles.Sent | None = None  # a releasing patch's: what the oracle judges it by
 
 
 class SteppedClient:
     """The fake API server, with every request of a reconcile held until the explorer lets it
-    through (``World.gating``); set-up lists go straight through."""
+    through (``World.gating``); a reflector's own lists go straight through."""
 
     def __init__(self, world: World, replica: Replica) -> None:
         self.world = world
@@ -66,28 +74,36 @@ class SteppedClient:
         self.fake = world.fake
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.fake, name)
+        return getattr(self.world.fake, name)
 
     async def _call(
-        self, kind: str, what: str, call: Callable[[], Awaitable[Any]], releasing: bool = False
+        self, kind: str, what: str, call: Callable[[], Awaitable[Any]], pod: str = ""
     ) -> Any:
         if not self.world.gating:
             return await call()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        bound = self.world.bound_at_send(self.replica) if kind == "patch" else None
-        self.replica.requests.append(Request(kind, what, call, future, bound, releasing))
+        rep = self.replica
+        sent = None
+        if pod:
+            behind = self.world.rules.owner_lag and oracles.owner_cache_behind(self.world, rep, pod)
+            sent = oracles.Sent(
+                rep.name, pod, self.world.fake.rv, rep.horizon, behind, tuple(rep.served)
+            )
+        rep.requests.append(Request(kind, what, call, future, sent))
         return await future
 
     async def get(self, resource: Resource, namespace: str | None, name: str) -> Any:
+        fake = self.world.fake
         return await self._call(
-            "get", f"get {resource.plural}/{name}", lambda: self.fake.get(resource, namespace, name)
+            "get", f"get {resource.plural}/{name}", lambda: fake.get(resource, namespace, name)
         )
 
     async def list_objects(self, resource: Resource, namespace: str | None, sel: str = "") -> Any:
+        fake = self.world.fake
         return await self._call(
             "list",
             f"list {resource.plural}",
-            lambda: self.fake.list_objects(resource, namespace, sel),
+            lambda: fake.list_objects(resource, namespace, sel),
         )
 
     async def json_patch(
@@ -96,11 +112,12 @@ class SteppedClient:
         releasing = any(
             op.get("op") == "remove" and "schedulingGates" in str(op.get("path")) for op in ops
         )
+        fake = self.world.fake
         return await self._call(
             "patch",
             f"patch {resource.plural}/{name}",
-            lambda: self.fake.json_patch(resource, namespace, name, ops),
-            releasing,
+            lambda: fake.json_patch(resource, namespace, name, ops),
+            name if releasing else "",
         )
 
 
@@ -127,9 +144,15 @@ class Replica:
     cursors: list[int] = field(default_factory=list)  # per reflector: history index seen to
     requests: list[Request] = field(default_factory=list)
     task: asyncio.Task[Any] | None = None
-    answered: int = 0  # requests answered in the reconcile running now
+    key: OwnerKey | None = None  # the owner the running reconcile is of
+    began: int = 0  # the trace length when the running reconcile began
+    pauses: int = 0  # pauses of the running reconcile
+    horizon: int = 0  # the server's version at the reconcile's last answered read
+    served: list[tuple[str, int]] = field(default_factory=list)  # its answered requests
     working: bool = False  # its workers run (a term began and the controller acts)
-    reports: list[str] = field(default_factory=list)  # pods it called released by another
+    listing: bool = False  # its caches take a list now (a relist): removals cannot be dated
+    # (pod, how the replica saw it: "watch" or "list") it called released by another writer
+    reports: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def reflectors(self) -> list[Reflector[Any]]:
@@ -153,39 +176,61 @@ class Clock:
         return self.now
 
 
-def config(**extra: Any) -> Config:
+def config(kind: Kind, **extra: Any) -> Config:
     return Config.model_validate(
         {
-            "kinds": [{"group": "batch", "kind": "Job"}],
+            "kinds": [kind.config()],
             "mode": "release",
-            "expectationsTimeoutSeconds": 5,
+            "expectationsTimeoutSeconds": EXPECTATIONS_TIMEOUT,
             "policyCheckIntervalSeconds": 0,
             **extra,
         }
     )
 
 
-_CONFIG = config()
-_REGISTRY = PluginRegistry.from_modules({"job": job_plugin})  # plugins are pure: one for all
-#: Each scenario's starting objects, built once and copied for every execution.
-_TEMPLATES: dict[str, tuple[bytes, list[str]]] = {}
+def registry(**override: Any) -> PluginRegistry:
+    modules: dict[str, Any] = {
+        "job": job_plugin,
+        "jobset": jobset_plugin,
+        "raycluster": raycluster_plugin,
+        "rayjob": rayjob_plugin,
+    }
+    modules.update(override)
+    return PluginRegistry.from_modules(modules)
+
+
+#: The plugins the controller runs with (a planted bug swaps this one; the oracles keep
+#: ``oracles.TRUTH``, the real plugins).
+REGISTRY = registry()
+#: Each (kind, extra settings)'s validated configuration (pydantic is slow; Config is frozen).
+_CONFIGS: dict[tuple[str, str], Config] = {}
+#: Each (scenario, kind)'s starting objects, built once and copied for every execution.
+_TEMPLATES: dict[tuple[str, str], tuple[bytes, list[str]]] = {}
 
 
 @dataclass
 class Bounds:
-    """The scope of one exploration."""
+    """The scope of one exploration (per execution)."""
 
-    pauses: int = 3  # a reconcile may pause before its 1st..n-th request
-    faults: int = 1  # patches that time out (their write landing later, or never)
+    pauses: int = 3  # times one reconcile may pause between its requests
+    faults: int = 1  # requests that fail: a patch timed out, a read failing or timing out
+    cancels: int = 1  # workers cancelled mid-reconcile
     expiries: int = 2  # times the expectations' timeout may pass
     leader_changes: int = 1
+    relists: int = 1  # streams relisted (410 Gone)
+    partial: int = 1  # deliveries of only a stream's next event
+    liveness: bool = True  # check liveness from every state
+    hashing: bool = True  # merge states with one fingerprint (off: every path is a state)
+    rounds: int = 4  # the liveness check's rounds of reconciles
 
 
 class World:
-    """One execution: build with ``await World.start(scenario)``, then ``await step(action)``."""
+    """One execution: build with ``await World.start(scenario, kind, bounds)``, then ``await
+    step(action)``."""
 
-    def __init__(self, scenario: Any, bounds: Bounds) -> None:
+    def __init__(self, scenario: Any, kind: Kind, bounds: Bounds) -> None:
         self.scenario = scenario
+        self.kind = kind
         self.bounds = bounds
         self.fake = FakeKube(seed=1)
         self.clock = Clock()
@@ -194,22 +239,22 @@ class World:
         self.gating = False
         self.late: list[Request] = []
         self.faults = self.expiries = self.leader_changes = 0
-        self.foreign: set[str] = set()  # pods other writers released (our gate)
+        self.cancels = self.relists = self.partials = 0
         self.ours: dict[str, int] = {}  # pods our replicas released: the resourceVersion
-        # reports of a release of ours that landed after the reporter's term began (open)
-        self.late_reports: set[tuple[str, str]] = set()
-        self.owners: list[str] = []  # names of the Jobs whose cap is checked
+        self.owners: list[str] = []  # names of the owners whose cap is checked
         self.trace: list[str] = []
+        self.rules = oracles.Rules()
+        self.landed = 0  # releases of ours judged
 
     # -- building --------------------------------------------------------------------------------
 
     @classmethod
-    async def start(cls, scenario: Any, bounds: Bounds) -> World:
-        world = cls(scenario, bounds)
-        template = _TEMPLATES.get(scenario.name)
+    async def start(cls, scenario: Any, kind: Kind, bounds: Bounds) -> World:
+        world = cls(scenario, kind, bounds)
+        template = _TEMPLATES.get((scenario.name, kind.name))
         if template is None:
-            scenario.setup(world)
-            _TEMPLATES[scenario.name] = (pickle.dumps(world.fake), list(world.owners))
+            scenario.build(world)
+            _TEMPLATES[(scenario.name, kind.name)] = (pickle.dumps(world.fake), list(world.owners))
         else:  # a pickle round trip copies the objects several times faster than deepcopy
             world.fake, world.owners = pickle.loads(template[0]), list(template[1])
         for name in scenario.replicas:
@@ -218,100 +263,159 @@ class World:
             world._lease_write()
             world._lead(world.replica(name))
             world._work(world.replica(name))
+        if scenario.proven_at_start:
+            for rep in world.replicas:
+                _no_proof_needed(rep.ctl)
         world.gating = True
         return world
 
     async def _add_replica(self, name: str) -> None:
         elector = Elector()
-        settings = config(**self.scenario.config) if self.scenario.config else _CONFIG
-        ctl = Controller(settings, self.fake, _REGISTRY, clock=self.clock)
+        extra = dict(self.scenario.config)
+        key = (self.kind.name, repr(sorted(extra.items())))
+        settings = _CONFIGS.get(key)
+        if settings is None:
+            settings = _CONFIGS[key] = config(self.kind, **extra)
+        ctl = Controller(settings, self.fake, REGISTRY, clock=self.clock)
         replica = Replica(name, ctl, elector)
         client = SteppedClient(self, replica)
         ctl.client = client
         ctl.state.client = client
         ctl.state.leading = lambda: elector.is_leader
-        ctl.state.freshness.term_start = lambda: _term_start(elector, ctl.state)
-        ctl.notices.on_foreign_release = lambda pod: replica.reports.append(pod.name)
+        freshness = getattr(ctl.state, "freshness", None)
+        if freshness is not None and hasattr(freshness, "term_start"):
+            freshness.term_start = lambda: _term_start(elector)
+        ctl.notices.on_foreign_release = lambda pod: replica.reports.append(
+            (pod.name, "list" if replica.listing else "watch")
+        )
         await ctl.start()
+        replica.listing = True
         for r in ctl.reflectors:
             await r.relist()
+        replica.listing = False
         replica.cursors = [len(self.fake.history)] * len(ctl.reflectors)
         self.replicas.append(replica)
 
     def replica(self, name: str) -> Replica:
         return next(r for r in self.replicas if r.name == name)
 
+    def keys(self) -> list[OwnerKey]:
+        return [
+            OwnerKey(NAMESPACE, oracles.owner_uid(self, owner))
+            for owner in self.owners
+            if oracles.owner_uid(self, owner)
+        ]
+
     # -- the choice points -------------------------------------------------------------------------
 
     def enabled(self) -> list[Action]:
         out: list[Action] = []
+        b = self.bounds
         if self.story_at < len(self.scenario.story):
             out.append(Action("story", (self.scenario.story[self.story_at][0],)))
         for rep in self.replicas:
             for i, r in enumerate(rep.reflectors):
-                if self._pending(rep, i):
-                    out.append(Action("deliver", (rep.name, r.resource.plural)))
-                elif (
-                    self.scenario.bookmarks
-                    and rep.ctl.state.proven
-                    is not None  # a cache's version matters to nothing else
-                    and _rv(r.resource_version) < self.fake.rv
-                ):
-                    out.append(Action("bookmark", (rep.name, r.resource.plural)))
+                pending = self._pending(rep, i)
+                plural = r.resource.plural
+                if pending:
+                    out.append(Action("deliver", (rep.name, plural)))
+                    if pending > 1 and self.partials < b.partial:
+                        out.append(Action("deliver-one", (rep.name, plural)))
+                elif self.scenario.bookmarks and _rv(r.resource_version) < self.fake.rv:
+                    out.append(Action("bookmark", (rep.name, plural)))
+                if self.relists < b.relists and self.scenario.relists:
+                    out.append(Action("relist", (rep.name, plural)))
             if rep.task is None and rep.working and rep.elector.is_leader:
-                out.append(Action("reconcile", (rep.name,)))
-                out.extend(
-                    Action("reconcile-pausing", (rep.name, k))
-                    for k in range(1, self.bounds.pauses + 1)
-                )
+                for owner in self.scenario.reconciled(self):
+                    out.append(Action("reconcile", (rep.name, owner)))
+                    if b.pauses:
+                        out.append(Action("reconcile-pausing", (rep.name, owner)))
             if rep.task is not None and rep.requests:
                 out.append(Action("resume", (rep.name,)))
-                if rep.requests[0].kind == "patch" and self.faults < self.bounds.faults:
-                    out.append(Action("time-out", (rep.name,)))
+                if rep.pauses < b.pauses:
+                    out.append(Action("step", (rep.name,)))
+                head = rep.requests[0]
+                if self.faults < b.faults:
+                    if head.kind == "patch":
+                        out.append(Action("time-out", (rep.name,)))
+                    else:
+                        out.append(Action("read-fails", (rep.name,)))
+                        out.append(Action("read-times-out", (rep.name,)))
+                if self.cancels < b.cancels:
+                    out.append(Action("cancel", (rep.name,)))
             if rep.elector.is_leader and not rep.working:
                 out.append(Action("workers-start", (rep.name,)))
             if (
                 not rep.elector.is_leader
-                and self.leader_changes < self.bounds.leader_changes
+                and self.leader_changes < b.leader_changes
                 and self.scenario.handover
             ):
                 out.append(Action("lead", (rep.name,)))
         out.extend(Action("land", (i,)) for i in range(len(self.late)))
-        if self.expiries < self.bounds.expiries and any(
-            len(rep.ctl.expectations) for rep in self.replicas
-        ):
+        if self.expiries < b.expiries and any(_waits_on_time(rep) for rep in self.replicas):
             out.append(Action("expire"))
         return out
 
     async def step(self, action: Action) -> None:
         self.trace.append(str(action))
         name, args = action.name, action.args
+        rep = (
+            self.replica(args[0]) if args and isinstance(args[0], str) and name != "story" else None
+        )
         if name == "story":
             _, write = self.scenario.story[self.story_at]
             self.story_at += 1
             write(self)
         elif name == "deliver":
-            rep = self.replica(args[0])
+            assert rep is not None
             self._deliver(rep, _index(rep, args[1]))
+        elif name == "deliver-one":
+            assert rep is not None
+            self.partials += 1
+            self._deliver(rep, _index(rep, args[1]), first_only=True)
+        elif name == "relist":
+            assert rep is not None
+            self.relists += 1
+            await self._relist(rep, _index(rep, args[1]))
         elif name == "bookmark":
-            rep = self.replica(args[0])
+            assert rep is not None
             r = rep.reflectors[_index(rep, args[1])]
             r.apply(
                 {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": str(self.fake.rv)}}}
             )
-        elif name == "reconcile":
-            await self._reconcile(self.replica(args[0]), pause=None)
-        elif name == "reconcile-pausing":
-            await self._reconcile(self.replica(args[0]), pause=args[1])
+        elif name in ("reconcile", "reconcile-pausing"):
+            assert rep is not None
+            await self._reconcile(rep, args[1], pausing=name == "reconcile-pausing")
         elif name == "resume":
-            await self._run_on(self.replica(args[0]), pause=None)
+            assert rep is not None
+            await self._run_on(rep, pause=False)
+        elif name == "step":
+            assert rep is not None
+            rep.pauses += 1
+            await self._answer(rep, rep.requests.pop(0))
+            await self._run_on(rep, pause=True)
         elif name == "time-out":
-            rep = self.replica(args[0])
+            assert rep is not None
             req = rep.requests.pop(0)
             self.faults += 1
             self.late.append(req)
             req.answer.set_exception(TimeoutError("the client gave up (explorer)"))
-            await self._run_on(rep, pause=None)
+            await self._run_on(rep, pause=False)
+        elif name in ("read-fails", "read-times-out"):
+            assert rep is not None
+            req = rep.requests.pop(0)
+            self.faults += 1
+            exc: Exception = (
+                ApiError(500, "the API server failed the read (explorer)")
+                if name == "read-fails"
+                else TimeoutError("the read timed out (explorer)")
+            )
+            req.answer.set_exception(exc)
+            await self._run_on(rep, pause=False)
+        elif name == "cancel":
+            assert rep is not None
+            self.cancels += 1
+            await self._cancel(rep)
         elif name == "land":
             req = self.late.pop(args[0])
             try:
@@ -319,32 +423,38 @@ class World:
             except Exception:  # refused at landing: the server changed meanwhile
                 pass
             else:
-                if req.releasing:
-                    self._released(patched)
-                    self._check(f"a late {req.what} landed", req.bound)
+                self._landed(req, patched)
         elif name == "expire":
             self.expiries += 1
-            self.clock.now += 6
+            self.clock.now += EXPECTATIONS_TIMEOUT + 1
         elif name == "lead":
-            for rep in self.replicas:
-                rep.elector.is_leader = False
+            assert rep is not None
+            for other in self.replicas:
+                other.elector.is_leader = False
             self.leader_changes += 1
             self._lease_write()
-            self._lead(self.replica(args[0]))
+            self._lead(rep)
         elif name == "workers-start":
-            self._work(self.replica(args[0]))
+            assert rep is not None
+            self._work(rep)
         else:
             raise ValueError(name)
         await _settle()
-        self._check_reports()
+        oracles.check_reports(self)
 
     # -- the parts of a step -----------------------------------------------------------------------
 
-    def _pending(self, rep: Replica, i: int) -> bool:
+    def _events(self, rep: Replica, i: int) -> list[tuple[int, dict[str, Any]]]:
         r = rep.reflectors[i]
-        return any(
-            self._event(r, entry) is not None for entry in self.fake.history[rep.cursors[i] :]
-        )
+        out = []
+        for at, entry in enumerate(self.fake.history[rep.cursors[i] :], rep.cursors[i]):
+            event = self._event(r, entry)
+            if event is not None:
+                out.append((at, event))
+        return out
+
+    def _pending(self, rep: Replica, i: int) -> int:
+        return len(self._events(rep, i))
 
     @staticmethod
     def _event(r: Reflector[Any], entry: Any) -> dict[str, Any] | None:
@@ -355,54 +465,112 @@ class World:
             return None
         return FakeKube._event_for(r.label_selector, etype, obj, old)
 
-    def _deliver(self, rep: Replica, i: int) -> None:
+    def _deliver(self, rep: Replica, i: int, first_only: bool = False) -> None:
         r = rep.reflectors[i]
-        for entry in self.fake.history[rep.cursors[i] :]:
-            event = self._event(r, entry)
-            if event is not None:
-                r.apply(event)
+        for at, event in self._events(rep, i):
+            r.apply(event)
+            rep.cursors[i] = at + 1
+            if first_only:
+                return
         rep.cursors[i] = len(self.fake.history)
 
-    async def _reconcile(self, rep: Replica, pause: int | None) -> None:
-        key = self.scenario.key(self)
-        rep.answered = 0
+    async def _relist(self, rep: Replica, i: int) -> None:
+        """410 Gone: the reflector lists afresh and replaces its store (a cached object the
+        list lacks goes with the last state the cache held, as client-go's relist does)."""
+        gating, self.gating = self.gating, False
+        rep.listing = True
+        try:
+            await rep.reflectors[i].relist()
+        finally:
+            rep.listing = False
+            self.gating = gating
+        rep.cursors[i] = len(self.fake.history)
+
+    async def _reconcile(self, rep: Replica, owner: str, pausing: bool) -> None:
+        key = OwnerKey(NAMESPACE, oracles.owner_uid(self, owner))
+        rep.key, rep.began, rep.pauses = key, len(self.trace), 0
+        rep.horizon = self.fake.rv
+        rep.served = []
 
         async def run() -> None:
             # what the worker retries with backoff; anything else is a bug and ends the run
-            with contextlib.suppress(Changed, ApiError, OSError, TimeoutError, PatchesFailed):
+            try:
                 await rep.ctl.reconciler.reconcile(key)
+            except (ApiError, OSError, TimeoutError):
+                pass
+            except Exception as exc:  # the controller's own (Changed, PatchesFailed, ...)
+                if not type(exc).__module__.startswith("ungater."):
+                    raise
 
         rep.task = asyncio.get_running_loop().create_task(run())
-        await self._run_on(rep, pause)
+        await self._run_on(rep, pause=pausing)
 
-    async def _run_on(self, rep: Replica, pause: int | None) -> None:
-        """Answer the reconcile's requests in order until it ends, or until the ``pause``-th is
-        pending (left for a later ``resume`` or ``time-out``)."""
+    async def _answer(self, rep: Replica, req: Request) -> None:
+        try:
+            result = await req.call()
+        except Exception as exc:
+            self._served(rep, req)
+            req.answer.set_exception(exc)
+            return
+        self._served(rep, req)
+        req.answer.set_result(result)
+        self._landed(req, result)
+
+    def _served(self, rep: Replica, req: Request) -> None:
+        """A request of the running reconcile was served: a read (GET, LIST) moves what the
+        replica could know up to now (``oracles.Rules.unknowable``); a patch tells it nothing
+        of the bounds."""
+        rep.served.append((req.what, self.fake.rv))
+        if req.kind != "patch":
+            rep.horizon = self.fake.rv
+
+    def _landed(self, req: Request, patched: Any) -> None:
+        if req.sent is None:
+            return
+        meta = (patched or {}).get("metadata") or {}
+        gates = [g["name"] for g in (patched or {}).get("spec", {}).get("schedulingGates") or []]
+        if oracles.GATE not in gates:
+            self.ours.setdefault(str(meta.get("name")), int(meta.get("resourceVersion") or 0))
+            self.landed += 1
+            oracles.judge(self, req.sent, f"{req.sent.replica}'s {req.what}")
+
+    async def _run_on(self, rep: Replica, pause: bool) -> None:
+        """Answer the reconcile's requests in order until it ends, or (``pause``) until its
+        next request is out (left for a later step)."""
         for _ in range(MAX_REQUESTS):
             await _settle()
             assert rep.task is not None
             if rep.task.done():
-                task, rep.task = rep.task, None
-                rep.requests.clear()
-                if task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
+                self._ended(rep)
                 return
             if not rep.requests:
                 raise RuntimeError(f"{rep.name}: a reconcile waits on something not a request")
-            if pause is not None and rep.answered + 1 >= pause:
+            if pause:
                 return
-            req = rep.requests.pop(0)
-            rep.answered += 1
-            try:
-                result = await req.call()
-            except Exception as exc:
-                req.answer.set_exception(exc)
-                continue
-            req.answer.set_result(result)
-            if req.releasing:
-                self._released(result)
-                self._check(f"{rep.name}'s {req.what}", req.bound)
+            await self._answer(rep, rep.requests.pop(0))
         raise RuntimeError(f"{rep.name}: more than {MAX_REQUESTS} requests in one reconcile")
+
+    def _ended(self, rep: Replica) -> None:
+        task, rep.task = rep.task, None
+        rep.requests.clear()
+        rep.key = None
+        assert task is not None
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+
+    async def _cancel(self, rep: Replica) -> None:
+        """The worker is cancelled (its term ended, or shutdown) while requests are out: a
+        patch sent may still land later, or never."""
+        assert rep.task is not None
+        for req in rep.requests:
+            if req.kind == "patch":
+                self.late.append(req)
+        rep.task.cancel()
+        await asyncio.gather(rep.task, return_exceptions=True)
+        rep.task = None
+        rep.requests.clear()
+        rep.key = None
+        await _settle()
 
     def _lease_write(self) -> None:
         self.fake.put(
@@ -414,65 +582,78 @@ class World:
         rep.elector.is_leader = True
 
     def _work(self, rep: Replica) -> None:
-        """What ``Controller._lead`` does as the workers start."""
+        """What ``Controller._lead`` does as the workers start (the term's start, for the new
+        leader's proof)."""
         rep.working = True
-        rep.ctl.state.freshness.begin_term(_rv(rep.elector.term.resource_version))
+        _begin_term(rep.ctl, _rv(rep.elector.term.resource_version))
 
-    # -- the oracles -------------------------------------------------------------------------------
+    # -- liveness ----------------------------------------------------------------------------------
 
-    def bound_at_send(self, rep: Replica) -> int:
-        """The cap a patch of ``rep`` is sent under: the server's slice cap, and the owner's
-        size as ``rep``'s own owner cache shows it. A shrink of the owner that no watch of
-        ours has shown, with no pod gone yet, is invisible to any releaser that does not read
-        the owner for every release (docs/safety.md, "What is left open")."""
-        return min(self.scenario.bound(self, owner, rep) for owner in self.owners)
-
-    def _released(self, patched: Any) -> None:
-        meta = (patched or {}).get("metadata") or {}
-        if GATE not in [
-            g["name"] for g in (patched or {}).get("spec", {}).get("schedulingGates") or []
-        ]:
-            self.ours.setdefault(str(meta.get("name")), int(meta.get("resourceVersion") or 0))
-
-    def _check(self, after: str, sent_under: int | None) -> None:
-        """After each release of ours (a fence releases nothing): live released <= the cap
-        now, or the cap the request was sent under, whichever is larger (no releaser sees a
-        shrink committed after it sent)."""
-        for owner in self.owners:
-            live, cap = self.scenario.live_and_cap(self, owner)
-            if live > max(cap, sent_under if sent_under is not None else cap):
-                raise Violation(f"after {after}: {owner} has {live} live released, cap {cap}")
-
-    def _check_reports(self) -> None:
-        """A replica may call a release foreign only if no writer of ours made it before its
-        term began; one of ours that landed after is indistinguishable and counted apart."""
+    async def quiesce(self) -> None:
+        """The story told, every stream delivered, every request answered, a leader working;
+        then rounds of reconciles of every owner, time passing (expectations expire, backoffs
+        run out) between rounds. What stays releasable and gated after that is stuck
+        (``oracles.check_liveness``)."""
+        while self.story_at < len(self.scenario.story):
+            _, write = self.scenario.story[self.story_at]
+            self.story_at += 1
+            write(self)
+        self.late.clear()  # an unanswered patch never lands (it may, earlier: another path)
         for rep in self.replicas:
-            start = _rv(rep.elector.term.resource_version) if rep.elector.term else 0
-            for pod in rep.reports:
-                if pod in self.foreign:
-                    continue
-                at = self.ours.get(pod)
-                if at is not None and at > start:
-                    self.late_reports.add((rep.name, pod))
-                    continue
-                raise Violation(f"{rep.name} reported {pod} released by another writer")
+            if rep.task is not None:
+                await self._run_on(rep, pause=False)
+        leader = next((r for r in self.replicas if r.elector.is_leader), None)
+        if leader is None:
+            leader = self.replicas[-1]
+            self._lease_write()
+            self._lead(leader)
+        if not leader.working:
+            self._work(leader)
+        for _ in range(self.bounds.rounds):
+            self.clock.now += 60
+            for rep in self.replicas:
+                for i in range(len(rep.reflectors)):
+                    self._deliver(rep, i)
+            await _settle()
+            for key in self.keys():
+                owner = next(o for o in self.owners if oracles.owner_uid(self, o) == key.uid)
+                await self._reconcile(leader, owner, pausing=False)
+            oracles.check_reports(self)
+            if not oracles.releasable(self):
+                break  # nothing left to release: later rounds release nothing
+        for rep in self.replicas:
+            for i in range(len(rep.reflectors)):
+                self._deliver(rep, i)
+        await _settle()
 
     # -- what two executions that reach the same state share -------------------------------------
 
-    def fingerprint(self) -> tuple[Any, ...]:
+    def fingerprint(self) -> Any:
+        """Everything that changes what happens next: the server's objects (by version), its
+        history's length (the streams' backlogs are cursors into it), the story's position,
+        the patches still to land, the bounds used, the clock, and every replica's state,
+        dumped generically (``canonical``): its reflectors' stores and versions, the
+        controller's ``State`` with every attribute, the elector, the reconcile running (the
+        steps since it began: its locals are not comparable, so two are merged only when they
+        began and went alike) and the reports it made."""
         objects = tuple(
             sorted((k, o["metadata"]["resourceVersion"]) for k, o in self.fake.objects.items())
         )
-        reps = tuple(_replica_state(rep) for rep in self.replicas)
+        reps = tuple(_replica_state(rep, self.trace) for rep in self.replicas)
         return (
             objects,
+            len(self.fake.history),
             reps,
             self.story_at,
-            tuple(r.what for r in self.late),
+            tuple((r.what, r.sent) for r in self.late),
             self.faults,
             self.expiries,
             self.leader_changes,
+            self.cancels,
+            self.relists,
+            self.partials,
             self.clock.now,
+            tuple(sorted(self.ours.items())),
         )
 
     async def close(self) -> None:
@@ -486,38 +667,104 @@ class World:
             rep.ctl.queue.shut_down()
 
 
-def _replica_state(rep: Replica) -> tuple[Any, ...]:
-    s = rep.ctl.state
-    ledger = s.ledger
-    stores = tuple(
-        (
-            r.resource_version,
-            tuple(sorted((u, getattr(v, "resource_version", "")) for u, v in r.store.items())),
+#: ``State`` attributes that only report (counters, the last decisions, metrics, the trace,
+#: the moments pods became releasable), and what the explorer drives itself (the work queue:
+#: the explorer, not the queue, picks which owner is reconciled when): left out of the
+#: fingerprint. Everything else, present or added later, is in it.
+OUTPUT_ONLY = frozenset(
+    {"stats", "decisions", "trace", "metrics", "events", "releasable", "queue", "config"}
+)
+#: Objects of these modules are wiring (plugins, clients, locks, the loop), not state.
+_WIRING = ("pluggy", "ungater._plugins", "asyncio", "anyio", "logging", "threading", "tests.")
+
+
+def canonical(value: Any, memo: dict[int, Any] | None = None) -> Any:
+    """A hashable, order-independent dump of ``value``: every attribute of every object
+    reachable from it (dataclasses, slots, plain objects), dicts and sets as frozensets,
+    callables and wiring left out. ``memo`` (by object id, for one dump: an object shared by
+    two indexes is walked once) must not outlive the objects."""
+    if value is None or isinstance(value, bool | int | float | str | bytes):
+        return value
+    memo = {} if memo is None else memo
+    key = id(value)
+    if key in memo:
+        return memo[key]
+    memo[key] = "<cycle>"  # until done: a reference back to an object being dumped
+    memo[key] = out = _dump(value, memo)
+    return out
+
+
+def _dump(value: Any, memo: dict[int, Any]) -> Any:
+    if isinstance(value, enum.Enum):
+        return str(value)
+    if isinstance(value, dict):  # order-independent without sorting: a frozenset of pairs
+        return (
+            "dict",
+            frozenset((canonical(k, memo), canonical(v, memo)) for k, v in value.items()),
         )
-        for r in rep.reflectors
+    if isinstance(value, set | frozenset):
+        return ("set", frozenset(canonical(v, memo) for v in value))
+    if isinstance(value, list | tuple) or type(value).__name__ == "deque":
+        return tuple(canonical(v, memo) for v in value)
+    if callable(value) and not hasattr(value, "__dict__") and not hasattr(value, "__slots__"):
+        return "<callable>"
+    kind = type(value)
+    if (kind.__module__ or "").startswith(_WIRING) or isinstance(value, type):
+        return f"<{kind.__name__}>"
+    if hasattr(value, "__dict__") or hasattr(kind, "__slots__"):
+        attrs = []
+        for name in _attributes(value):
+            try:
+                attr = getattr(value, name)
+            except AttributeError:
+                continue
+            if callable(attr) and not hasattr(attr, "__dict__"):
+                continue
+            attrs.append((name, canonical(attr, memo)))
+        return (kind.__name__, tuple(attrs))
+    return repr(value)
+
+
+_SLOTS: dict[type, tuple[str, ...]] = {}
+
+
+def _attributes(value: Any) -> list[str]:
+    kind = type(value)
+    slots = _SLOTS.get(kind)
+    if slots is None:
+        names: list[str] = []
+        for klass in kind.__mro__:
+            names.extend(s for s in getattr(klass, "__slots__", ()) if s not in names)
+        slots = _SLOTS[kind] = tuple(names)
+    names = [*getattr(value, "__dict__", {}), *slots]
+    return [n for n in names if not n.startswith("__") and n not in OUTPUT_ONLY]
+
+
+def _replica_state(rep: Replica, trace: list[str]) -> Any:
+    memo: dict[int, Any] = {}
+    stores = tuple(
+        (r.resource_version, canonical(r.store, memo), r.label_selector) for r in rep.reflectors
     )
+    running = None
+    if rep.task is not None:
+        running = (str(rep.key), tuple(trace[rep.began :]), tuple(q.what for q in rep.requests))
     return (
         stores,
         tuple(rep.cursors),
-        tuple(
-            sorted(
-                str(k) + "/" + u
-                for k in ledger.expectations._by_key
-                for u in ledger.expectations._by_key[k]
-            )
-        ),
-        tuple(sorted((u, x.resource_version) for u, x in ledger.uncertain.items())),
-        tuple(sorted(ledger.written.items())),
-        tuple(sorted(ledger.ours)),
-        tuple(sorted(ledger.foreign_seen)),
-        tuple(sorted(s.owner_rv.items())),
-        None if s.proven is None else tuple(sorted(map(str, s.proven))),
-        s.term_rv,
+        canonical(rep.ctl.state, memo),
         rep.elector.is_leader,
+        None if rep.elector.term is None else rep.elector.term.resource_version,
         rep.working,
-        (rep.answered, tuple(r.what for r in rep.requests)) if rep.task is not None else None,
+        running,
         tuple(rep.reports),
     )
+
+
+def _waits_on_time(rep: Replica) -> bool:
+    """Whether time passing may change what ``rep`` does next: it holds expectations (or a
+    controller without them: always)."""
+    expectations = getattr(rep.ctl, "expectations", None)
+    return expectations is None or len(expectations) > 0
 
 
 def _index(rep: Replica, plural: str) -> int:
@@ -528,9 +775,25 @@ def _rv(value: str) -> int:
     return int(value) if value.isdigit() else 0
 
 
-def _term_start(elector: Elector, state: Any = None) -> int:
-    """Where a replica's term began, from the moment it leads (``state``: for a revert)."""
+def _term_start(elector: Elector) -> int:
+    """Where a replica's term began, from the moment it leads."""
     return _rv(elector.term.resource_version) if elector.term is not None else 0
+
+
+def _begin_term(ctl: Controller, rv: int) -> None:
+    """A term starts (what ``Controller._lead`` does before its workers run), for whichever
+    hook the controller has."""
+    freshness = getattr(ctl.state, "freshness", None)
+    begin = getattr(freshness, "begin_term", None) or getattr(ctl.state, "begin_term", None)
+    if begin is not None:
+        begin(rv)
+
+
+def _no_proof_needed(ctl: Controller) -> None:
+    """The replica led before anything happened: no term proof is owed."""
+    freshness = getattr(ctl.state, "freshness", None)
+    if freshness is not None and hasattr(freshness, "proven"):
+        freshness.proven = None
 
 
 async def _settle() -> None:
@@ -544,10 +807,4 @@ async def _settle() -> None:
     raise RuntimeError(f"the controller's tasks did not settle in {SETTLE_TURNS} loop turns")
 
 
-def decisions(world: World) -> dict[str, Decision]:
-    """Each replica's last decision for the scenario's owner (for a failure's report)."""
-    key: OwnerKey = world.scenario.key(world)
-    return {rep.name: rep.ctl.decisions[key] for rep in world.replicas if key in rep.ctl.decisions}
-
-
-__all__: Sequence[str] = ["Action", "Bounds", "Violation", "World", "decisions"]
+__all__: Sequence[str] = ["JOB", "Action", "Bounds", "Violation", "World", "canonical"]
