@@ -10,10 +10,14 @@
   - ``handover-window``: Kueue finishes the old slice and admits its replacement in two
     writes; between them no slice is active. A release landing then is judged against
     min(the finished slice's cap, the pending replacement's count).
-  - ``unknowable``: a bound lowered by a write the deciding replica could not have known,
-    committed after the last read (GET or LIST) that reconcile had answered before sending the
-    patch (after the reconcile began, if it read nothing; our own patches' answers tell it
-    nothing of the bounds). The release is judged against the cap as it was then.
+  - ``unknowable``: the decision was right at one moment of its reconcile, and a write after
+    that moment made it wrong. At some version v from the reconcile's start to the last read
+    (GET or LIST) it had answered before sending the patch (our own patches' answers tell it
+    nothing of the bounds), the pods live and released at v, plus our other releases live now,
+    plus the pods this reconcile released (each there and gated at v), fit the cap at v: the
+    decision, taken atomically at v, kept the promise (its reads answered at different moments, one bound lowered between
+    them, are then excused; pods taken after a bound was read, missing victims that a lowering
+    took away, are not: the victims count at v).
 
   Nothing else is excused.
 - **Foreign reports** (``check_reports``): a replica may call a release foreign only if another
@@ -25,7 +29,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tests.objects import WORKLOADS
@@ -67,6 +71,9 @@ class Sent:
     #: the requests its reconcile had answered before it, each with the version it was
     #: served at (for a violation's report)
     reads: tuple[tuple[str, int], ...] = ()
+    #: the server's version when its reconcile began, and which reconcile it was
+    began: int = 0
+    reconcile: int = 0
 
 
 @dataclass
@@ -144,6 +151,7 @@ class Truth:
     releasable: list[str]  # gated pods the pure decision would release now
     slices: list[WorkloadView]
     desired: dict[str, int] | None = None  # the owner's own size per pod set
+    live_pods: dict[str, set[str]] = field(default_factory=dict)  # the live released, by name
 
 
 def truth(world: Any, owner: str, objects: Objects) -> Truth:
@@ -152,7 +160,7 @@ def truth(world: Any, owner: str, objects: Objects) -> Truth:
     res = kind.resource
     obj = objects.get((res.group, res.plural, NAMESPACE, owner))
     if obj is None:
-        return Truth(None, {}, {}, [], [])
+        return Truth(None, {}, {}, [], [], None, {})
     uid = obj["metadata"]["uid"]
     ref = ObjectRef(obj["apiVersion"], obj["kind"], obj["metadata"]["name"], uid, controller=True)
     slices = [
@@ -181,17 +189,19 @@ def truth(world: Any, owner: str, objects: Objects) -> Truth:
     ]
     facts = pod_facts(handler, ref, pods, intermediates, facts_in)
     live: dict[str, int] = {}
+    live_pods: dict[str, set[str]] = {}
     for f in facts:
         p = f.pod
         if not p.has_gate(GATE) and not p.terminal and not p.deleting:
             ps = f.pod_set or "?"
             live[ps] = live.get(ps, 0) + 1
+            live_pods.setdefault(ps, set()).add(p.name)
     active = active_slice(slices)
     caps = {name: c.cap for name, c in pod_set_caps(active, desired).items()} if active else {}
     size_unknown = "" if desired is not None or handler.spec.owner_resource is None else "?"
     decision = decide(slices, facts, GATE, (), desired=desired, size_unknown=size_unknown)
     releasable = [r.pod.name for r in decision.releases]
-    return Truth(active, caps, live, releasable, slices, dict(desired or {}) or None)
+    return Truth(active, caps, live, releasable, slices, dict(desired or {}) or None, live_pods)
 
 
 def owner_of_pod(world: Any, pod: str) -> str | None:
@@ -248,6 +258,39 @@ def owner_cache_behind(world: Any, rep: Any, pod: str) -> bool:
     return False
 
 
+def linearizable_at(world: Any, owner: str, ps: str, sent: Sent, now: Truth) -> int | None:
+    """A version from the reconcile's start to its last read at which the decision, taken
+    atomically, fit the cap (``Rules.unknowable``), or None."""
+    mine = {p for p, r in world.released_by.items() if r == sent.reconcile}
+    live_now = now.live_pods.get(ps, set())
+    ours_other = {p for p in live_now if p in world.ours and p not in mine}
+    taken = len(mine & live_now)
+    versions = sorted(
+        {sent.began} | {at for at, *_ in world.fake.history if sent.began < at <= sent.horizon}
+    )
+    chosen = {p: _uid(world.fake.objects, p) for p in mine & live_now}
+    for v in versions:
+        objects = objects_at(world, v)
+        if any(not _gated_at(objects, p, uid) for p, uid in chosen.items()):
+            continue  # a decision taken at v could not release a pod that was not there, gated
+        then = truth(world, owner, objects)
+        if len(then.live_pods.get(ps, set()) | ours_other) + taken <= then.caps.get(ps, 0):
+            return v
+    return None
+
+
+def _uid(objects: Objects, pod: str) -> str | None:
+    obj = objects.get((PODS.group, PODS.plural, NAMESPACE, pod))
+    return None if obj is None else str(obj["metadata"]["uid"])
+
+
+def _gated_at(objects: Objects, pod: str, uid: str | None) -> bool:
+    obj = objects.get((PODS.group, PODS.plural, NAMESPACE, pod))
+    if obj is None or obj["metadata"]["uid"] != uid:
+        return False
+    return any(g.get("name") == GATE for g in obj["spec"].get("schedulingGates") or [])
+
+
 def judge(world: Any, sent: Sent, what: str) -> None:
     """A release of ours just landed: its owner's live released pods per pod set must be at
     most the true cap now, or what an excuse rule allows."""
@@ -264,11 +307,10 @@ def judge(world: Any, sent: Sent, what: str) -> None:
             w = _window_cap(now, ps, (now.desired or {}).get(ps))
             if w is not None and w > allowed:
                 allowed, why = w, "handover-window"
-        if world.rules.unknowable:
-            then = truth(world, owner, objects_at(world, sent.horizon))
-            c = then.caps.get(ps, 0)
-            if c > allowed:
-                allowed, why = c, f"unknowable (cap {c} at its horizon, version {sent.horizon})"
+        if world.rules.unknowable and live > allowed:
+            at = linearizable_at(world, owner, ps, sent, now)
+            if at is not None:
+                allowed, why = live, f"unknowable (right at version {at}, after its start)"
         if world.rules.owner_lag and sent.owner_behind:
             allowed, why = live, "owner-lag (the sender's owner cache was behind)"
         if live > allowed:

@@ -176,10 +176,13 @@ async def test_the_handover_window_rule_excuses_only_min_of_old_and_replacement(
 
 
 @pytest.mark.anyio
-async def test_the_unknowable_rule_excuses_only_writes_after_the_last_read() -> None:
-    """The owner shrinks 3 -> 1 after the releasing reconcile's last read: that release is
-    judged against the cap then (3). With the rule off, or with the shrink committed before
-    the last read (the releaser could have read it), it breaks the cap of 1."""
+async def test_the_unknowable_rule_excuses_only_a_decision_right_at_a_moment_of_its_reconcile() -> (
+    None
+):
+    """The owner shrinks 3 -> 1 after the releasing reconcile's last read: the decision fit
+    the cap (3) at a moment of its reconcile, so the release is excused. With the rule off, or
+    with the shrink committed before the reconcile began (no moment of it saw 3), it breaks
+    the cap of 1."""
     for rule_on, read_after_shrink in ((True, False), (False, False), (True, True)):
         world = await _world("queued-sends")
         try:
@@ -190,7 +193,7 @@ async def test_the_unknowable_rule_excuses_only_writes_after_the_last_read() -> 
             if read_after_shrink:
                 horizon = world.fake.rv
             names = [await _release(world, i) for i in (0, 1)]
-            sent = oracles.Sent("a", names[1], horizon, horizon)
+            sent = oracles.Sent("a", names[1], horizon, horizon, began=horizon)
             if rule_on and not read_after_shrink:
                 oracles.judge(world, sent, "a release decided before the shrink")
             else:

@@ -87,7 +87,14 @@ class SteppedClient:
         if pod:
             behind = self.world.rules.owner_lag and oracles.owner_cache_behind(self.world, rep, pod)
             sent = oracles.Sent(
-                rep.name, pod, self.world.fake.rv, rep.horizon, behind, tuple(rep.served)
+                rep.name,
+                pod,
+                self.world.fake.rv,
+                rep.horizon,
+                behind,
+                tuple(rep.served),
+                rep.began_rv,
+                rep.reconcile,
             )
         rep.requests.append(Request(kind, what, call, future, sent))
         return await future
@@ -148,6 +155,8 @@ class Replica:
     began: int = 0  # the trace length when the running reconcile began
     pauses: int = 0  # pauses of the running reconcile
     horizon: int = 0  # the server's version at the reconcile's last answered read
+    began_rv: int = 0  # the server's version when the running reconcile began
+    reconcile: int = 0  # the running reconcile's number (``World.reconciles``)
     served: list[tuple[str, int]] = field(default_factory=list)  # its answered requests
     working: bool = False  # its workers run (a term began and the controller acts)
     listing: bool = False  # its caches take a list now (a relist): removals cannot be dated
@@ -241,6 +250,8 @@ class World:
         self.faults = self.expiries = self.leader_changes = 0
         self.cancels = self.relists = self.partials = 0
         self.ours: dict[str, int] = {}  # pods our replicas released: the resourceVersion
+        self.released_by: dict[str, int] = {}  # pod -> the reconcile whose patch released it
+        self.reconciles = 0  # reconciles begun (each one's number goes into its patches)
         self.owners: list[str] = []  # names of the owners whose cap is checked
         self.trace: list[str] = []
         self.rules = oracles.Rules()
@@ -489,7 +500,9 @@ class World:
     async def _reconcile(self, rep: Replica, owner: str, pausing: bool) -> None:
         key = OwnerKey(NAMESPACE, oracles.owner_uid(self, owner))
         rep.key, rep.began, rep.pauses = key, len(self.trace), 0
-        rep.horizon = self.fake.rv
+        rep.horizon = rep.began_rv = self.fake.rv
+        self.reconciles += 1
+        rep.reconcile = self.reconciles
         rep.served = []
 
         async def run() -> None:
@@ -531,6 +544,7 @@ class World:
         gates = [g["name"] for g in (patched or {}).get("spec", {}).get("schedulingGates") or []]
         if oracles.GATE not in gates:
             self.ours.setdefault(str(meta.get("name")), int(meta.get("resourceVersion") or 0))
+            self.released_by.setdefault(str(meta.get("name")), req.sent.reconcile)
             self.landed += 1
             oracles.judge(self, req.sent, f"{req.sent.replica}'s {req.what}")
 
@@ -654,6 +668,7 @@ class World:
             self.partials,
             self.clock.now,
             tuple(sorted(self.ours.items())),
+            _released_together(self.released_by),
         )
 
     async def close(self) -> None:
@@ -773,6 +788,15 @@ def _index(rep: Replica, plural: str) -> int:
 
 def _rv(value: str) -> int:
     return int(value) if value.isdigit() else 0
+
+
+def _released_together(released_by: dict[str, int]) -> frozenset[frozenset[str]]:
+    """Which pods one reconcile released, whatever the reconciles' numbers (the oracle's
+    ``unknowable`` rule reads it; the numbering differs between equal states)."""
+    groups: dict[int, set[str]] = {}
+    for pod, n in released_by.items():
+        groups.setdefault(n, set()).add(pod)
+    return frozenset(frozenset(g) for g in groups.values())
 
 
 def _term_start(elector: Elector) -> int:
