@@ -11,6 +11,7 @@ workers). ungater releases ``UNGATER_GATE`` beside Kueue releasing its own gate 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -107,7 +108,7 @@ class ClusterWatch(SliceWatch):
             return ev
         obj = copy.deepcopy(ev.obj)
         obj["metadata"]["uid"] = self.owner_uid
-        return Event(ev.rv, ev.resource, ev.kind, obj)
+        return dataclasses.replace(ev, obj=obj)
 
 
 @asynccontextmanager
@@ -127,11 +128,7 @@ async def cluster_watch(
         cluster_uid=cluster_uid,
     )
     async with anyio.create_task_group() as tg:
-        tg.start_soon(watch._watch, PODS, "pod")
-        tg.start_soon(watch._watch, WORKLOADS, "workload")
-        tg.start_soon(watch._watch, RAYCLUSTERS, "owner")
-        with anyio.fail_after(15):
-            await watch.synced.wait()
+        await watch.record(tg)  # returns once each watch has listed
         try:
             yield watch
         finally:

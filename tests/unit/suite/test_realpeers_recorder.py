@@ -30,7 +30,7 @@ from tests.unit.podfactory import NAMESPACE, job
 from ungater._kube.client import Resource
 
 ROUNDS = 1000  # the recorder's watch rounds per resource (realpeers.WATCH_ROUNDS)
-OVER = r"2 live released in main > min\(cap 1, owner size 2\)"
+OVER = r"2 live released in main > min\(cap 1 of train-1, owner size 2\)"
 
 
 @pytest.fixture
