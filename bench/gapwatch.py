@@ -101,13 +101,15 @@ async def watch_recorded(
     selector: str = "",
     settings: WatchSettings = WatchSettings(),
     on_synced: Callable[[], None] = lambda: None,
+    on_down: Callable[[str], None] = lambda why: None,
 ) -> None:
     """List ``resource`` (``listed(items, list_rv)``), call ``on_synced``, then watch it in at
     most ``settings.rounds`` rounds, handing each event but a bookmark to ``event`` (which
     returns its resourceVersion), resuming from the last resourceVersion seen, or relisting
     when the server cannot serve from it. A :class:`Gap` named ``name`` is in ``gaps`` from the
     moment the server refused (a judgement made meanwhile refuses too) and ends at the relist.
-    ``listed`` and ``event`` must raise :class:`RecorderBroken` on their own failures."""
+    ``listed`` and ``event`` must raise :class:`RecorderBroken` on their own failures;
+    ``on_down`` hears why each round failed."""
     s = settings
     with anyio.fail_after(s.list_seconds):
         items, rv = await client.list_objects(resource, namespace, selector)
@@ -160,16 +162,20 @@ async def watch_recorded(
                 raise  # its own failure: no retry hides it
             except _Expired as exc:
                 expired = down = str(exc)
+                on_down(down)
                 open_gap(expired)
             except ApiError as exc:
                 if exc.status == 410:  # GoneError: the history past ``rv`` is compacted
                     expired = down = f"410 Gone ({exc.reason})"
+                    on_down(down)
                     open_gap(expired)
                 else:  # served past ``rv`` again, or a 410 then
                     down = repr(exc)
+                    on_down(down)
                     await anyio.sleep(s.retry_seconds)
             except Exception as exc:  # a cut, a silent stream, a restart: resume from rv
                 down = repr(exc)
+                on_down(down)
                 await anyio.sleep(s.retry_seconds)
     except anyio.get_cancelled_exc_class():
         if down:  # stopped before the watch was back: what came after ``rv`` is unseen

@@ -29,6 +29,7 @@ class Record:
     events: list[Event] = field(default_factory=list)
     gaps: list[Gap] = field(default_factory=list)  # non-empty: every judgement refuses
     relists: dict[str, int] = field(default_factory=dict)  # per resource, after the first list
+    interruptions: dict[str, int] = field(default_factory=dict)  # per resource: failed rounds
     synced: anyio.Event = field(default_factory=anyio.Event)  # every source started listed
     settings: WatchSettings = field(default_factory=WatchSettings)
     # per source name: (resource, label selector); filled by ``start`` or ``_watch``
@@ -117,7 +118,11 @@ class Record:
             selector=selector,
             settings=self.settings,
             on_synced=lambda: self._started(name),
+            on_down=lambda why: self._down(name),
         )
+
+    def _down(self, name: str) -> None:
+        self.interruptions[name] = self.interruptions.get(name, 0) + 1
 
     async def finish(self, timeout: float = 30.0) -> None:
         """Wait until the record has caught up with the server (``caught_up``). A gap already
