@@ -393,20 +393,55 @@ async def test_the_timeline_records_a_gap_when_it_runs_out_of_watch_rounds() -> 
 
 
 @pytest.mark.anyio
-async def test_the_timeline_records_a_410_as_a_gap() -> None:
+async def test_an_over_release_hidden_in_a_410_leaves_no_result() -> None:
+    """A Job of 2 under a slice admitting 1: pod 0 released and seen; the pod watch held while
+    pod 1 is released and deleted; the watch expires. Judged without its gap the history shows
+    nothing past the cap (the release is in neither the watch nor the relist); with it, there
+    is no result, never a count of 0."""
     fake, ns = FakeKube(), "ns"
-    tl = Timeline(fake, ns)
+    tl = Timeline(fake, ns, (JOBS,))
+    meta = {"name": "j", "namespace": ns}
+    uid = fake.put(JOBS, {"metadata": meta, "spec": {"parallelism": 2, "completions": 2}})[
+        "metadata"
+    ]["uid"]
+    ref = {"controller": True, "uid": uid, "kind": "Job", "name": "j"}
+    fake.put(
+        WORKLOADS,
+        {
+            "metadata": {"name": "w", "namespace": ns, "ownerReferences": [ref]},
+            "spec": {"podSets": [{"name": "main", "count": 2}]},
+            "status": {
+                "conditions": [{"type": "Admitted", "status": "True"}],
+                "admission": {"podSetAssignments": [{"name": "main", "count": 1}]},
+            },
+        },
+    )
+
+    def pod_obj(i: int, gates: list[str]) -> dict[str, Any]:
+        labels = {"batch.kubernetes.io/controller-uid": uid}
+        return {
+            "metadata": {"name": f"p{i}", "namespace": ns, "labels": labels},
+            "spec": {"schedulingGates": [{"name": g} for g in gates]},
+            "status": {"phase": "Pending"},
+        }
+
+    for i in (0, 1):
+        fake.put(PODS, pod_obj(i, [U]))
     async with anyio.create_task_group() as tg:
         tg.start_soon(tl.run)
         with anyio.fail_after(5):
             await tl.synced.wait()
-        fake.put(PODS, {"metadata": {"name": "p", "namespace": ns}, "spec": {}})
+        fake.put(PODS, pod_obj(0, []))
+        assert await tl.until(lambda: any(not p.gated(U) for p in tl.pods.values()), 5, "p0")
+        fake.lag_watches("pods", open_only=True)
+        fake.put(PODS, pod_obj(1, []))  # 2 live released for a cap of 1
+        fake.delete(PODS, ns, "p1")
+        lists = fake.lists
         assert fake.expire_watches("pods") == 1
-        fake.put(PODS, {"metadata": {"name": "q", "namespace": ns}, "spec": {}})
-        relisted = await tl.until(
-            lambda: bool(tl.gaps) and tl.gaps[0].until_rv is not None, 5, "the relist"
-        )
-        assert relisted
+        assert await tl.until(lambda: fake.lists > lists, 5, "the relist")
         tg.cancel_scope.cancel()
     (gap,) = tl.gaps
     assert gap.resource == "pods" and "410" in gap.why, gap
+    assert gap.until_rv is not None, "relisted"
+    assert releases_past_cap(tl.events, GATES)["ungater"].count == 0, "hidden, as told"
+    assert releases_past_cap(tl.events, GATES, tl.gaps)["ungater"].summary()["count"] is None
