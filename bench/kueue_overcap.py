@@ -84,7 +84,9 @@ def _view(s: SliceEvent) -> WorkloadView:
     """Just what ``order_slices`` reads of a slice."""
     namespace, _, name = s.key.partition("/")
     annotations = {SLICE_REPLACEMENT_ANNOTATION: s.replaces} if s.replaces else {}
-    return WorkloadView(namespace, name, s.uid or s.name, s.created, annotations, None, (), None, {})
+    return WorkloadView(
+        namespace, name, s.uid or s.name, s.created, annotations, None, (), None, {}
+    )
 
 
 def _limit(slices: dict[str, SliceEvent], size: Mapping[str, int] | None, pod_set: str) -> Limit:
