@@ -17,7 +17,7 @@ import it from here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +78,13 @@ class WatchSettings:
     retry_seconds: float = 0.2  # before a watch is resumed or a relist tried again
 
 
+#: the states of a resource at each revision after one resourceVersion up to another, in order
+#: (each revision, one write to etcd: consecutive states differ by that write alone); None when
+#: a revision cannot be read any more (compacted)
+Recover = Callable[[int, int], Awaitable["list[tuple[str, list[dict[str, Any]]]] | None"]]
+RECOVER_MAX = 300  # revisions a recovery reads at most; a longer gap stays a gap
+
+
 class _Expired(Exception):
     """The server can no longer serve from the resourceVersion: relist."""
 
@@ -102,6 +109,7 @@ async def watch_recorded(
     settings: WatchSettings = WatchSettings(),
     on_synced: Callable[[], None] = lambda: None,
     on_down: Callable[[str], None] = lambda why: None,
+    recover: Recover | None = None,
 ) -> None:
     """List ``resource`` (``listed(items, list_rv)``), call ``on_synced``, then watch it in at
     most ``settings.rounds`` rounds, handing each event but a bookmark to ``event`` (which
@@ -109,7 +117,10 @@ async def watch_recorded(
     when the server cannot serve from it. A :class:`Gap` named ``name`` is in ``gaps`` from the
     moment the server refused (a judgement made meanwhile refuses too) and ends at the relist.
     ``listed`` and ``event`` must raise :class:`RecorderBroken` on their own failures;
-    ``on_down`` hears why each round failed."""
+    ``on_down`` hears why each round failed. With ``recover``, a gap of at most
+    ``RECOVER_MAX`` revisions is read back revision by revision (each state handed to
+    ``listed``) before the relist; when every revision is read, nothing was missed and no gap
+    stays (a 410 from a restarted API server's fresh watch cache, with etcd's history intact)."""
     s = settings
     with anyio.fail_after(s.list_seconds):
         items, rv = await client.list_objects(resource, namespace, selector)
@@ -142,6 +153,8 @@ async def watch_recorded(
                     await anyio.sleep(s.retry_seconds)
                     continue
                 changed = int(list_rv) != int(rv)  # else nothing was written since: no gap
+                if changed and await _recovered(recover, int(rv), int(list_rv), listed):
+                    changed = False  # every revision in between read: nothing unseen
                 why = f"relisted after {expired}"
                 close_gap(Gap(name, int(rv), int(list_rv), why) if changed else None)
                 listed(items, list_rv)
@@ -183,3 +196,23 @@ async def watch_recorded(
         raise
     close_gap(None)
     gaps.append(Gap(name, int(rv), None, f"ran out of its {s.rounds} watch rounds: it stopped"))
+
+
+async def _recovered(
+    recover: Recover | None,
+    after: int,
+    until: int,
+    listed: Callable[[list[dict[str, Any]], str], None],
+) -> bool:
+    """Read back the states after ``after`` up to ``until``; True when every one was read."""
+    if recover is None or until - after > RECOVER_MAX:
+        return False
+    try:
+        states = await recover(after, until)
+    except Exception:  # the server away, or refusing: the gap stays
+        return False
+    if states is None:
+        return False
+    for rv, items in states:
+        listed(items, rv)
+    return True

@@ -3,7 +3,10 @@
 ``bench.gapwatch``'s loop, so both share its discipline (a 410, an ``ERROR`` event, running out
 of watch rounds or being stopped with the watch down is a :class:`Gap`; a gap makes any
 judgement of the record refuse), and a way to end the record at the server's present
-(``caught_up``) instead of after a fixed wait."""
+(``caught_up``) instead of after a fixed wait. After a 410 it first reads the revisions it
+missed back from etcd's history (``Kube.list_at``): an API server restarted under a test
+answers 410 from its fresh watch cache while etcd still holds every revision, and a gap read
+back whole is no gap; a compacted one stays."""
 
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ class Record:
     gaps: list[Gap] = field(default_factory=list)  # non-empty: every judgement refuses
     relists: dict[str, int] = field(default_factory=dict)  # per resource, after the first list
     interruptions: dict[str, int] = field(default_factory=dict)  # per resource: failed rounds
+    recovered: int = 0  # revisions read back after a 410 (``bench.gapwatch``): no gap
     synced: anyio.Event = field(default_factory=anyio.Event)  # every source started listed
     settings: WatchSettings = field(default_factory=WatchSettings)
     # per source name: (resource, label selector); filled by ``start`` or ``_watch``
@@ -119,7 +123,22 @@ class Record:
             settings=self.settings,
             on_synced=lambda: self._started(name),
             on_down=lambda why: self._down(name),
+            recover=lambda after, until: self._recover(res, selector, after, until),
         )
+
+    async def _recover(
+        self, res: Resource, selector: str, after: int, until: int
+    ) -> list[tuple[str, list[dict[str, Any]]]] | None:
+        """Each state of ``res`` after ``after`` up to ``until``, read at that revision
+        exactly; None when one cannot be read (compacted): the gap then stays."""
+        states = []
+        for rv in range(after + 1, until + 1):
+            items = await self.kube.list_at(res, self.ns, selector, rv)
+            if items is None:
+                return None
+            states.append((str(rv), items))
+        self.recovered += until - after
+        return states
 
     def _down(self, name: str) -> None:
         self.interruptions[name] = self.interruptions.get(name, 0) + 1
