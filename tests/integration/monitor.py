@@ -187,7 +187,11 @@ async def monitoring(
         finally:
             tg.cancel_scope.cancel()
     found = mon.judge()
-    print(f"cap monitor: {found.judged} releases judged, {len(found.violations)} past the cap")
+    print(
+        f"cap monitor: {found.judged} releases judged, {len(found.violations)} past the cap "
+        f"({sum(mon.interruptions.values())} watch failures, {mon.recovered} revisions read "
+        "back after a 410)"
+    )
     assert not found.violations, found.violations
     assert found.judged >= min_judged, (
         f"the monitor judged {found.judged} releases (fewer than {min_judged}): it proved nothing"
