@@ -130,6 +130,33 @@ def _case_rows(
     return rows
 
 
+def _over_cap_rows(config: str, k: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per story and releaser, the releases past the cap: a count of 0 passes only when the
+    judge saw the whole history and judged at least one release (when the run recorded how many
+    it judged); a history with gaps, or a story not judged, is a MISS for ungater, never a pass."""
+    gaps = int(k.get("over_cap_history_gaps") or 0)
+    rows: list[dict[str, Any]] = []
+    if gaps:
+        metric = f"releases past the cap: not judged, {gaps} gaps in the watched history"
+        rows.append(_row(metric, config, summarize([gaps], "count"), "0", False))
+    for story, found in k.get("over_cap", {}).items():
+        for who, oc in found.items():
+            metric = f"{story}: releases past the cap ({who}'s gate)"
+            count, judged = oc.get("count"), oc.get("judged")
+            if gaps or count is None or oc.get("gaps"):
+                ok = False if who == "ungater" else None
+                said = f"{metric}: no result (history with gaps)"
+                rows.append(_row(said, config, summarize([], "count"), "0", ok))
+                continue
+            if judged is not None:
+                metric = f"{metric}, of {judged} judged"
+            row = _count(metric, config, count, who)
+            if judged == 0 and who == "ungater":
+                row["status"] = "MISS"  # 0 past the cap of 0 judged proves nothing
+            rows.append(row)
+    return rows
+
+
 def _burst_released_rows(config: str, totals: dict[str, Any]) -> list[dict[str, Any]]:
     """From the quota change to the last removal, per gate; or how many pods kept the gate."""
     rows: list[dict[str, Any]] = []
@@ -213,10 +240,7 @@ def kueue_rows(k: dict[str, Any]) -> list[dict[str, Any]]:
         if case in k.get("spans", {}):
             rows.extend(_parted(_span_rows(_label(case, k), config, k["spans"][case]), SPANS))
         labels |= dict.fromkeys(c["stalls"])
-    for story, found in k.get("over_cap", {}).items():
-        for who, oc in found.items():
-            metric = f"{story}: releases past the cap ({who}'s gate)"
-            rows.append(_count(metric, config, oc["count"], who))
+    rows.extend(_over_cap_rows(config, k))
     waves = k.get("order", {}).get("freed_pending", [])
     if waves:
         gated = waves[0]["gated"]

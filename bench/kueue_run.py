@@ -12,7 +12,8 @@
 
 Per case and releaser: median, p95, n, stalls and missing samples, the ratio Kueue / ungater;
 per story and releaser, releases past min(spec, admitted, owner size) judged from the server's
-events (``bench.kueue_overcap``); every wave (trigger seen, sample's end) for the spans.
+events (``bench.kueue_overcap``), with how many releases were judged, or no judgement when a
+watch missed history (``over_cap_history_gaps``, ``over_cap_gaps``); every wave (trigger seen, sample's end) for the spans.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from bench import kueue as kq
 from bench import kueue_setup as ks
 from bench.api import BenchApi
 from bench.controller_proc import ControllerProcess
+from bench.gapwatch import Gap
 from bench.kueue_overcap import releases_past_cap
 from bench.kueue_policy import KUEUE_USER, RELEASER_LABEL, guarded_policy, remove_policy
 from bench.objects import JOBS, PODS
@@ -90,12 +92,17 @@ class _Stage:
         for cq in self.queues.values():
             await ks.delete_queues(api, cq)
 
+    def gaps(self) -> list[Gap]:
+        return [g for tl in self.timelines.values() for g in tl.gaps]
+
     def over_cap(self) -> dict[str, dict[str, Any]]:
+        """Per story and releaser, the releases past the cap of those judged; no judgement
+        at all (the gaps instead) when any watch of the stage missed history."""
         events = [e for tl in self.timelines.values() for e in tl.events]
         out = {}
         for story, owners in self.side.owners.items():
             mine = [e for e in events if e.owner in owners]
-            found = releases_past_cap(mine, self.side.gates)
+            found = releases_past_cap(mine, self.side.gates, self.gaps())
             out[story] = {label: oc.summary() for label, oc in found.items()}
         return out
 
@@ -223,8 +230,10 @@ async def kueue_run(
         for st in stages:
             for story, found in st.over_cap().items():
                 out["over_cap"].setdefault(story, {}).update(found)
-        # relists after a 410: history the judge did not see (0 for a complete one)
-        out["over_cap_history_gaps"] = sum(tl.gaps for st in stages for tl in st.timelines.values())
+        # history the judge did not see (0 for a complete one; else no story was judged)
+        gaps = [g for st in stages for g in st.gaps()]
+        out["over_cap_history_gaps"] = len(gaps)
+        out["over_cap_gaps"] = [g.line() for g in gaps]
     finally:
         if policy:
             await remove_policy(api, policy)

@@ -7,8 +7,10 @@ latency of the Kueue benchmark is a difference of two moments recorded here, so 
 timed by the same observer and the same clock. Each event is also kept in ``events`` with its
 resourceVersion (one etcd: one order across all watches), for ``bench.kueue_overcap`` to
 replay the server's own objects in order; so is every event of the owners (Jobs, RayClusters)
-watched beside them, with the owner's own size per pod set. A relist after a 410 is a gap in
-that history (what changed in between was not seen): ``gaps`` counts them.
+watched beside them, with the owner's own size per pod set. The watches run through
+``bench.gapwatch``'s loop: a 410, an ``ERROR`` event, running out of watch rounds or being
+stopped with a watch down is a gap in that history (what changed meanwhile was not seen), kept
+in ``gaps``; the over-cap judge refuses a history with one.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from typing import Any
 
 import anyio
 
+from bench.gapwatch import Gap, RecorderBroken, WatchSettings, watch_recorded
 from bench.objects import CONTROLLER_UID, PODS, WORKLOADS
-from ungater._kube.client import GoneError, KubeClient, Resource
+from ungater._kube.client import KubeClient, Resource
 
 __all__ = [
     "OWNER_SIZES",
@@ -38,10 +41,12 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-_MAX_WATCHES = 10_000  # each lasts up to its timeout; far more than any run needs
+# each watch lasts up to 300 s; far more rounds than any run needs, and running out is a gap
+WATCHES = WatchSettings(rounds=10_000, watch_seconds=300, silence_seconds=120.0)
 _INDEX = "batch.kubernetes.io/job-completion-index"
 _POD_SET = "kueue.x-k8s.io/podset"
 _REPLACED = "WorkloadSliceReplaced"  # the reason Kueue finishes a slice that a new one replaced
+_REPLACES = "kueue.x-k8s.io/workload-slice-replacement-for"
 
 
 @dataclass
@@ -89,6 +94,11 @@ class SliceEvent:
     counts: tuple[tuple[str, int], ...]  # admitted count per pod set
     gone: bool
     spec: tuple[tuple[str, int], ...] = ()  # spec count per pod set
+    # what the product orders slices by (``ungater._decide.decision.order_slices``)
+    uid: str = ""
+    created: str = ""  # creationTimestamp
+    key: str = ""  # namespace/name
+    replaces: str = ""  # the replacement annotation: namespace/name of the slice it replaces
 
 
 Sizes = tuple[tuple[str, int], ...]
@@ -222,7 +232,8 @@ class Timeline:
         self.pods: dict[str, PodTrack] = {}
         self.slices: dict[str, SliceTrack] = {}
         self.events: list[PodEvent | SliceEvent | OwnerEvent] = []
-        self.gaps = 0  # relists after a 410: history not seen
+        self.gaps: list[Gap] = []  # history not seen (``bench.gapwatch``): no judgement
+        self.settings = WATCHES
         self.synced = anyio.Event()
         self._synced: set[str] = set()
         self._changed = anyio.Event()
@@ -272,7 +283,19 @@ class Timeline:
             track.admitted_at = now
             track.count = counts[0][1] if counts else None
         gone = etype == "DELETED"
-        event = SliceEvent(_rv(wl), name, track.owner, admitted, counts, gone, _spec_counts(wl))
+        event = SliceEvent(
+            _rv(wl),
+            name,
+            track.owner,
+            admitted,
+            counts,
+            gone,
+            _spec_counts(wl),
+            uid=str(meta.get("uid", "")),
+            created=str(meta.get("creationTimestamp", "")),
+            key=f"{meta.get('namespace', self.namespace)}/{name}",
+            replaces=str((meta.get("annotations") or {}).get(_REPLACES, "")),
+        )
         self.events.append(event)
 
     def _owner_event(self, plural: str, etype: str, obj: dict[str, Any], now: float) -> None:
@@ -281,32 +304,46 @@ class Timeline:
         self.events.append(OwnerEvent(_rv(obj), uid, sizes, etype == "DELETED"))
 
     async def _watch(self, resource: Resource, apply: Callable[..., None]) -> None:
-        rv = ""
-        for _ in range(_MAX_WATCHES):
+        def listed(items: list[dict[str, Any]], rv: str) -> None:
+            now = time.monotonic()
             try:
-                if not rv:
-                    items, rv = await self.client.list_objects(resource, self.namespace)
-                    now = time.monotonic()
-                    for obj in items:
-                        apply("ADDED", obj, now)
-                    self._synced.add(resource.plural)
-                    if len(self._synced) == 2 + len(self.owners):
-                        self.synced.set()
-                    self._notify()
-                async for ev in self.client.watch(resource, self.namespace, rv, "", 300, 120):
-                    now = time.monotonic()
-                    obj = ev.get("object") or {}
-                    rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
-                    if ev.get("type") != "BOOKMARK":
-                        apply(str(ev.get("type")), obj, now)
-                        self._notify()
-            except GoneError:
-                rv = ""
-                self.gaps += 1
-                log.warning("timeline: %s watch expired (410); relisting", resource.plural)
-            except (OSError, TimeoutError) as exc:
-                log.warning("timeline: %s watch failed (%r); retrying", resource.plural, exc)
-                await anyio.sleep(0.2)
+                for obj in items:
+                    apply("ADDED", obj, now)
+            except Exception as exc:
+                raise RecorderBroken(f"timeline: {resource.plural} list: {exc!r}") from exc
+            self._notify()
+
+        def event(ev: dict[str, Any]) -> str:
+            now = time.monotonic()
+            try:
+                obj = ev["object"]
+                apply(str(ev["type"]), obj, now)
+                rv = str(obj["metadata"]["resourceVersion"])
+            except Exception as exc:
+                raise RecorderBroken(f"timeline: {resource.plural} event: {exc!r}") from exc
+            self._notify()
+            return rv
+
+        def synced() -> None:
+            self._synced.add(resource.plural)
+            if len(self._synced) == 2 + len(self.owners):
+                self.synced.set()
+
+        def down(why: str) -> None:
+            log.warning("timeline: %s watch failed (%s)", resource.plural, why)
+
+        await watch_recorded(
+            self.client,
+            resource,
+            self.namespace,
+            resource.plural,
+            listed=listed,
+            event=event,
+            gaps=self.gaps,
+            settings=self.settings,
+            on_synced=synced,
+            on_down=down,
+        )
 
     async def run(self) -> None:
         async with anyio.create_task_group() as tg:

@@ -89,3 +89,14 @@ def waiting(decision: Decision | None) -> dict[str, str]:
         return {}
     kept = [w for ps in decision.pod_sets for w in ps.waiting] + list(decision.unmapped)
     return {w.pod: w.reason for w in kept}
+
+
+async def seen_then_reconciled(
+    ctl: Controller, owner: Mapping[str, Any], plural: str, objs: Iterable[Mapping[str, Any]]
+) -> Decision | None:
+    """The sync point before a "nothing happened" check: the caches hold ``objs`` (as the API
+    server returned them; the watch handlers ran with them), then a reconcile of ``owner``
+    taken after that is done (``reconciled``); its decision, or None."""
+    held = list(objs)
+    await eventually(lambda: cache_holds(ctl, plural, held), what=f"the {plural} cached")
+    return await reconciled(ctl, owner_key(owner))

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ungater._kube.adapter import ApiClientKube, connect
-from ungater._kube.client import Resource
+from ungater._kube.client import GoneError, Resource
 
 JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
 RAYCLUSTERS = Resource("ray.io", "v1", "rayclusters", "RayCluster")
@@ -34,6 +34,27 @@ class Kube:
     async def list(self, res: Resource, ns: str, selector: str = "") -> list[dict[str, Any]]:
         items, _ = await self.client.list_objects(res, ns, selector)
         return items
+
+    async def list_at(
+        self, res: Resource, ns: str, selector: str, rv: int
+    ) -> list[dict[str, Any]] | None:
+        """The objects as they were at revision ``rv`` exactly (read from etcd's history:
+        ``resourceVersionMatch=Exact``); None once that revision is compacted (410), or when
+        the client cannot ask (a client that offers ``list_at`` itself is asked instead)."""
+        own = getattr(self.client, "list_at", None)
+        if own is not None:
+            found: list[dict[str, Any]] | None = await own(res, ns, selector, rv)
+            return found
+        if not isinstance(self.client, ApiClientKube):
+            return None
+        query = [("resourceVersion", str(rv)), ("resourceVersionMatch", "Exact")]
+        if selector:
+            query.append(("labelSelector", selector))
+        try:
+            data = await self.client._json(await self.client._request("GET", res.path(ns), query))
+        except GoneError:
+            return None
+        return list(data.get("items") or [])
 
     async def merge_patch(
         self, res: Resource, ns: str, name: str, body: dict[str, Any], subresource: str = ""

@@ -359,7 +359,7 @@ async def release_scenario(kube: Kube, ns: str, user_kubeconfig: Path, config: C
     job, sel = await make_job(kube, ns, "deploy", 3)
     await create_workload(kube, job, "job-deploy-a", {"main": 3})
     async with (
-        monitoring(kube, ns, sel, cap=2) as mon,
+        monitoring(kube, ns, sel) as mon,
         running_controller(user_kubeconfig, config) as ctl,
     ):
         await admit(kube, ns, "job-deploy-a", {"main": 2})

@@ -10,7 +10,14 @@ import pytest
 
 from tests.integration.jobs import count_pods
 from tests.integration.k8s import JOBSETS, RAYCLUSTERS, Kube
-from tests.integration.monitor import live_released, monitoring
+from tests.integration.monitor import (
+    JOBSET_OWNERS,
+    RAYCLUSTER_OWNERS,
+    jobset_uid,
+    live_released,
+    monitoring,
+    ray_pod_set,
+)
 from tests.integration.raypods import CONTAINER, ray_pod
 from tests.integration.support import admit, create_workload
 from tests.objects import GATE, JOBS, PODS, gates_of
@@ -106,7 +113,9 @@ async def test_jobset_pod_sets_have_their_own_caps_and_order(
         return sorted(_js_key(p) for p in live_released(await kube.list(PODS, ns, sel)))
 
     want = [("driver", 0, 0), ("workers", 0, 0), ("workers", 0, 1), ("workers", 1, 0)]
-    async with monitoring(kube, ns, sel, cap=4), controller() as ctl:
+    # the Workload is the JobSet's: its pods are judged under it, each in its replicated Job
+    by_jobset = {"owners": JOBSET_OWNERS, "owner_of": jobset_uid}
+    async with monitoring(kube, ns, sel, **by_jobset), controller() as ctl:
         await admit(kube, ns, "jobset-train-a", {"driver": 1, "workers": 3})
         await eventually(lambda: equals(released(), want), what="driver + 3 workers in index order")
         await holds_for(lambda: equals(released(), want), 1.0)
@@ -190,7 +199,8 @@ async def test_raycluster_head_first_and_whole_multi_host_replicas(
         return sorted(p["metadata"]["name"] for p in live_released(await kube.list(PODS, ns, sel)))
 
     want = ["ray-head-x7k2p", "ray-tpu-worker-abcde-0", "ray-tpu-worker-abcde-1"]
-    async with monitoring(kube, ns, sel, cap=3), controller():
+    by_cluster = {"owners": RAYCLUSTER_OWNERS, "pod_set_of": ray_pod_set}
+    async with monitoring(kube, ns, sel, **by_cluster), controller():
         await admit(kube, ns, "raycluster-ray-a", {"head": 1, "tpu": 3})  # 3 of 4: one replica fits
         await eventually(lambda: equals(released(), want), what="head and one whole replica")
         await holds_for(lambda: equals(released(), want), 1.0)

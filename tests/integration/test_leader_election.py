@@ -74,7 +74,7 @@ async def test_standby_takes_over_when_the_leader_is_killed(
         for n in ("replica-a", "replica-b")
     }
     try:
-        async with monitoring(kube, ns, sel, cap=2) as mon:
+        async with monitoring(kube, ns, sel):
             leader_name = await eventually(lambda: holder(kube, ns), timeout=30, what="a leader")
             leader = replicas[leader_name]
             standby = next(r for n, r in replicas.items() if n != leader_name)
@@ -98,7 +98,6 @@ async def test_standby_takes_over_when_the_leader_is_killed(
 
             await anyio.to_thread.run_sync(lambda: leader.stop(signal.SIGKILL))
             killed_at = time.monotonic()
-            mon.cap = 5
             await admit(kube, ns, "job-ha-a", {"main": 5})
             await eventually(
                 lambda: equals(holder(kube, ns), standby.name),

@@ -260,10 +260,7 @@ async def test_audit_reports_kueues_scale_down_over_release_and_a_stall(
             kube, ns, RAYCLUSTERS, uid, sizes, kueue_pod_set, controller_uid, owner_name="rc"
         )
         async with anyio.create_task_group() as tg:
-            for res, name in ((PODS, "pod"), (WORKLOADS, "workload"), (RAYCLUSTERS, "owner")):
-                tg.start_soon(watch._watch, res, name)
-            with anyio.fail_after(15):
-                await watch.synced.wait()
+            await watch.record(tg)  # returns once each watch has listed
             await eventually(lambda: count_is(kube, ns, 2, 2), timeout=60, what="2 released")
             await scale(kube, ns, 4)
             await eventually(lambda: count_is(kube, ns, 4, 4), timeout=60, what="4 released")
@@ -407,10 +404,7 @@ async def test_audit_reports_kueues_release_past_the_quota_on_a_job_scale_up(
             kube, ns, JOBS, uid, job_size, lambda p: "main", controller_uid, owner_name="train"
         )
         async with anyio.create_task_group() as tg:
-            for res, name in ((PODS, "pod"), (WORKLOADS, "workload"), (JOBS, "owner")):
-                tg.start_soon(watch._watch, res, name)
-            with anyio.fail_after(15):
-                await watch.synced.wait()
+            await watch.record(tg)  # returns once each watch has listed
             await eventually(
                 lambda: _count(kueue_released(kube, ns, job), 6), timeout=60, what="6 released"
             )

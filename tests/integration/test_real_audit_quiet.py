@@ -119,10 +119,7 @@ async def test_audit_finds_nothing_over_a_whole_story_beside_kueue_v0_19(
             kube, ns, JOBS, uid, job_size, lambda p: "main", controller_uid, owner_name="story"
         )
         async with anyio.create_task_group() as tg:
-            for res, name in ((PODS, "pod"), (WORKLOADS, "workload"), (JOBS, "owner")):
-                tg.start_soon(watch._watch, res, name)
-            with anyio.fail_after(15):
-                await watch.synced.wait()
+            await watch.record(tg)  # returns once each watch has listed
             await steady("initial admission", [0, 1], 2)
             await scale(kube, ns, "story", 4)
             await steady("scaled to 4", [0, 1, 2, 3], 4)

@@ -196,6 +196,8 @@ async def test_a_failed_pod_and_its_replacement_never_release_two(
 #: when the second released pod fails, in seconds after the first: around the Job controller's
 #: batched sync (about 1 s after the first failure), which creates the first one's replacement
 OFFSETS = (0.94, 0.98, 1.01, 1.04, 1.08)
+#: how close (in writes to etcd) X's replacement and Y's failure must come in one round at least
+WINDOW_RVS = 5
 
 
 @pytest.mark.kueue_quota(cpu=2)
@@ -213,6 +215,9 @@ async def test_a_failure_as_the_job_controller_replaces_another_stays_within_the
         async with watched(kueue_kube, ns, js) as w:
             await grow_beyond_quota(w, kueue_kube, ns, name, 2, 4)
             landed: list[str] = []
+            apart: list[
+                int
+            ] = []  # per round: X's replacement's resourceVersion minus Y's failure's
             for offset in OFFSETS:
                 pods = [p for p in await pods_of(kueue_kube, ns, name) if is_live(p)]
                 x, y = sorted(released_by(pods, UNGATER_GATE), key=index)
@@ -235,9 +240,13 @@ async def test_a_failure_as_the_job_controller_replaces_another_stays_within_the
                 x_rv = min(
                     e.rv for e in w.events if e.obj["metadata"]["uid"] == x_new["metadata"]["uid"]
                 )
+                apart.append(x_rv - y_rv)
                 landed.append(
                     f"Y failed {y_at:.3f}s after X (rv {y_rv}); X's replacement created at rv "
                     f"{x_rv} ({'after' if x_rv > y_rv else 'before'} Y failed)"
                 )
             print("\n".join(landed))
+            # the window was hit: in some round X's replacement and Y's failure were written
+            # within WINDOW_RVS writes of each other (one etcd: every write of the cluster counts)
+            assert min(abs(d) for d in apart) <= WINDOW_RVS, landed
         assert ctl.stats.foreign_releases == 0

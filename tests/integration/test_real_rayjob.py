@@ -11,6 +11,7 @@ workers). ungater releases ``UNGATER_GATE`` beside Kueue releasing its own gate 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -107,7 +108,7 @@ class ClusterWatch(SliceWatch):
             return ev
         obj = copy.deepcopy(ev.obj)
         obj["metadata"]["uid"] = self.owner_uid
-        return Event(ev.rv, ev.resource, ev.kind, obj)
+        return dataclasses.replace(ev, obj=obj)
 
 
 @asynccontextmanager
@@ -127,15 +128,11 @@ async def cluster_watch(
         cluster_uid=cluster_uid,
     )
     async with anyio.create_task_group() as tg:
-        tg.start_soon(watch._watch, PODS, "pod")
-        tg.start_soon(watch._watch, WORKLOADS, "workload")
-        tg.start_soon(watch._watch, RAYCLUSTERS, "owner")
-        with anyio.fail_after(15):
-            await watch.synced.wait()
+        await watch.record(tg)  # returns once each watch has listed
         try:
             yield watch
+            await watch.finish()  # the record ends at the server's present (or has a gap)
         finally:
-            await eventually(watch.caught_up, timeout=30, what="the recorder caught up")
             tg.cancel_scope.cancel()
     for line in watch.replay(KUEUE_GATE):
         print(f"differential: Kueue over its cap: {line}")

@@ -30,7 +30,7 @@ from tests.integration.realpeers import (
     is_live,
 )
 from tests.integration.support import PatchLog, config_for, running_controller
-from tests.objects import JOBS, PODS, WORKLOADS, gates_of
+from tests.objects import JOBS, PODS, gates_of
 from tests.polling import eventually
 from tests.seen import cache_holds, owner_key, reconciled, waiting
 from ungater._controller.controller import Controller
@@ -124,8 +124,7 @@ async def test_ungater_releases_kueues_gate_alone_under_the_policy(
             owner_name="train",
         )
         async with anyio.create_task_group() as tg:
-            for res, name in ((PODS, "pod"), (WORKLOADS, "workload"), (JOBS, "owner")):
-                tg.start_soon(watch._watch, res, name)
+            await watch.record(tg)  # returns once each watch has listed
             await steady(ctl, patches, kueue_kube, ns, job, [0, 1])
             await scale(kueue_kube, ns, 4)
             await steady(ctl, patches, kueue_kube, ns, job, [0, 1, 2, 3])

@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import pytest
 
+from bench.gapwatch import Gap, WatchSettings
 from bench.kueue_overcap import OverCap, releases_past_cap
 from bench.objects import JOBS, WORKLOADS
 from bench.timeline import (
@@ -300,7 +301,7 @@ async def test_the_timeline_feeds_the_judge_the_owners_size_in_resource_version_
     assert [dict(e.sizes) for e in owner_events] == [{"main": 4}, {"main": 2}]
     slices = [e for e in tl.events if isinstance(e, SliceEvent)]
     assert slices[-1].admitted and slices[-1].spec == (("main", 4),)
-    assert tl.gaps == 0
+    assert tl.gaps == []
     result = judge(tl.events)
     assert {label: oc.count for label, oc in result.items()} == {"kueue": 0, "ungater": 1}
     assert result["ungater"].examples[0]["owner_size"] == 2
@@ -325,3 +326,122 @@ def test_a_slice_finished_but_by_a_replacement_no_longer_admits(reason: str, act
     assert isinstance(event, SliceEvent)
     assert event.admitted is active
     assert event.counts == (("main", 3),)  # no count in the assignment: the spec's
+
+
+# -- the judge counts what it judged, refuses a history with gaps, and orders as the product --
+
+
+def test_the_judge_counts_the_releases_it_judged() -> None:
+    events: list[Event] = [job(0, 3), admitted(1, "s1", 2), pod(2, "a", BOTH), pod(3, "b", BOTH)]
+    events += [pod(4, "a", frozenset({U})), pod(5, "b", frozenset({U})), pod(6, "c", NONE)]
+    found = judge(events)
+    assert {label: (oc.count, oc.judged) for label, oc in found.items()} == {
+        "kueue": (1, 3),  # a, b and c (first seen without it): the third past the cap of 2
+        "ungater": (0, 1),  # c alone: 1 live released of 2
+    }
+    assert found["kueue"].summary()["judged"] == 3
+
+
+def test_a_history_with_a_gap_is_not_judged() -> None:
+    """The over-release is in the events, but a watch missed some: no count, not even 1."""
+    events: list[Event] = [job(0, 2), admitted(1, "s1", 1), pod(2, "a", NONE), pod(3, "b", NONE)]
+    assert counts(events) == {"kueue": 1, "ungater": 1}
+    gap = Gap("pods", 3, 9, "relisted after 410 Gone")
+    found = releases_past_cap(events, GATES, [gap])
+    for oc in found.values():
+        assert oc.summary() == {"count": None, "judged": 0, "gaps": [gap.line()]}
+
+
+def test_the_active_slice_is_the_products_even_when_the_old_one_was_written_last() -> None:
+    """Slice ``b`` replaces ``a`` in the same second; ``a`` is written after ``b`` (Kueue
+    finishing it), so in resourceVersion order ``a`` is met last. The old judge took the slice
+    first seen last, ``a`` (cap 2), and counted the third and fourth releases past the cap."""
+    same = "2026-01-01T00:00:05Z"
+    b = SliceEvent(
+        20, "b", "o", True, (("main", 4),), False, (("main", 4),), "uid-b", same, "ns/b", "ns/a"
+    )
+    a = SliceEvent(30, "a", "o", True, (("main", 2),), False, (("main", 2),), "uid-c", same, "ns/a")
+    events: list[Event] = [job(0, 4), b, a]
+    events += [pod(40 + i, f"p{i}", frozenset({K})) for i in range(4)]  # ungater's gate off
+    assert counts(events) == {"kueue": 0, "ungater": 0}
+
+
+@pytest.mark.anyio
+async def test_the_timeline_records_a_gap_when_it_runs_out_of_watch_rounds() -> None:
+    """Every watch ends at once: the timeline spends its rounds and stops. The old one stopped
+    quietly with ``gaps`` at 0."""
+    fake = FakeKube()
+
+    class Ending:
+        async def list_objects(self, *a: Any) -> Any:
+            return await fake.list_objects(*a)
+
+        def watch(self, *a: Any) -> Any:
+            return self._none()
+
+        async def _none(self) -> Any:
+            return
+            yield
+
+    tl = Timeline(Ending(), "ns")  # type: ignore[arg-type]
+    tl.settings = WatchSettings(rounds=3, retry_seconds=0.0)
+    with anyio.fail_after(5):
+        await tl.run()
+    assert sorted(g.resource for g in tl.gaps) == ["pods", "workloads"]
+    assert all("ran out of its 3 watch rounds" in g.why for g in tl.gaps)
+    assert releases_past_cap(tl.events, GATES, tl.gaps)["ungater"].summary()["count"] is None
+
+
+@pytest.mark.anyio
+async def test_an_over_release_hidden_in_a_410_leaves_no_result() -> None:
+    """A Job of 2 under a slice admitting 1: pod 0 released and seen; the pod watch held while
+    pod 1 is released and deleted; the watch expires. Judged without its gap the history shows
+    nothing past the cap (the release is in neither the watch nor the relist); with it, there
+    is no result, never a count of 0."""
+    fake, ns = FakeKube(), "ns"
+    tl = Timeline(fake, ns, (JOBS,))
+    meta = {"name": "j", "namespace": ns}
+    uid = fake.put(JOBS, {"metadata": meta, "spec": {"parallelism": 2, "completions": 2}})[
+        "metadata"
+    ]["uid"]
+    ref = {"controller": True, "uid": uid, "kind": "Job", "name": "j"}
+    fake.put(
+        WORKLOADS,
+        {
+            "metadata": {"name": "w", "namespace": ns, "ownerReferences": [ref]},
+            "spec": {"podSets": [{"name": "main", "count": 2}]},
+            "status": {
+                "conditions": [{"type": "Admitted", "status": "True"}],
+                "admission": {"podSetAssignments": [{"name": "main", "count": 1}]},
+            },
+        },
+    )
+
+    def pod_obj(i: int, gates: list[str]) -> dict[str, Any]:
+        labels = {"batch.kubernetes.io/controller-uid": uid}
+        return {
+            "metadata": {"name": f"p{i}", "namespace": ns, "labels": labels},
+            "spec": {"schedulingGates": [{"name": g} for g in gates]},
+            "status": {"phase": "Pending"},
+        }
+
+    for i in (0, 1):
+        fake.put(PODS, pod_obj(i, [U]))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(tl.run)
+        with anyio.fail_after(5):
+            await tl.synced.wait()
+        fake.put(PODS, pod_obj(0, []))
+        assert await tl.until(lambda: any(not p.gated(U) for p in tl.pods.values()), 5, "p0")
+        fake.lag_watches("pods", open_only=True)
+        fake.put(PODS, pod_obj(1, []))  # 2 live released for a cap of 1
+        fake.delete(PODS, ns, "p1")
+        lists = fake.lists
+        assert fake.expire_watches("pods") == 1
+        assert await tl.until(lambda: fake.lists > lists, 5, "the relist")
+        tg.cancel_scope.cancel()
+    (gap,) = tl.gaps
+    assert gap.resource == "pods" and "410" in gap.why, gap
+    assert gap.until_rv is not None, "relisted"
+    assert releases_past_cap(tl.events, GATES)["ungater"].count == 0, "hidden, as told"
+    assert releases_past_cap(tl.events, GATES, tl.gaps)["ungater"].summary()["count"] is None

@@ -176,3 +176,44 @@ def test_spans_and_floor_are_rows_and_a_wave_without_trace_is_counted() -> None:
     assert (missing["median"], missing["status"]) == (1, "MISS")
     assert rows["floor: one quorum GET of a gated pod, sequential"]["median"] == 0.002
     assert rows["floor: one guarded PATCH of a gated pod, sequential"]["median"] == 0.005
+
+
+def test_a_result_with_history_gaps_never_prints_pass() -> None:
+    """Issue 41: ``over_cap_history_gaps`` set to 7 in a result file still printed "pass"."""
+    k = result([0.2] * 5, [0.1] * 5)
+    k["over_cap"] = {"shrink": {"kueue": {"count": 0}, "ungater": {"count": 0}}}
+    assert by_metric(kueue_rows(k))["shrink: releases past the cap (ungater's gate)"]["status"] == (
+        "pass"
+    )
+    k["over_cap_history_gaps"] = 7
+    rows = by_metric(kueue_rows(k))
+    assert "shrink: releases past the cap (ungater's gate)" not in rows
+    ours = rows["shrink: releases past the cap (ungater's gate): no result (history with gaps)"]
+    assert ours["status"] == "MISS" and ours["n"] == 0
+    gaps = rows["releases past the cap: not judged, 7 gaps in the watched history"]
+    assert (gaps["median"], gaps["status"]) == (7, "MISS")
+    assert all(r["status"] != "pass" for m, r in rows.items() if "past the cap" in m)
+
+
+def test_a_story_the_judge_refused_is_no_result() -> None:
+    """The judge's own refusal (``count`` None, its gaps named) is never read as 0."""
+    k = result([0.2] * 5, [0.1] * 5)
+    refused = {"count": None, "judged": 0, "gaps": ["pods events after rv 5 ..."]}
+    k["over_cap"] = {"shrink": {"kueue": refused, "ungater": refused}}
+    rows = by_metric(kueue_rows(k))
+    said = ": no result (history with gaps)"
+    assert rows[f"shrink: releases past the cap (ungater's gate){said}"]["status"] == "MISS"
+    assert rows[f"shrink: releases past the cap (kueue's gate){said}"]["status"] == "-"
+
+
+def test_the_rows_say_how_many_releases_were_judged_and_none_is_no_pass() -> None:
+    k = result([0.2] * 5, [0.1] * 5)
+    k["over_cap"] = {
+        "shrink": {"kueue": {"count": 2, "judged": 9}, "ungater": {"count": 0, "judged": 8}}
+    }
+    rows = by_metric(kueue_rows(k))
+    assert rows["shrink: releases past the cap (ungater's gate), of 8 judged"]["status"] == "pass"
+    assert rows["shrink: releases past the cap (kueue's gate), of 9 judged"]["median"] == 2
+    k["over_cap"]["shrink"]["ungater"] = {"count": 0, "judged": 0}
+    rows = by_metric(kueue_rows(k))
+    assert rows["shrink: releases past the cap (ungater's gate), of 0 judged"]["status"] == "MISS"

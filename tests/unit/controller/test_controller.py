@@ -21,6 +21,7 @@ from tests.objects import (
     workload,
 )
 from tests.polling import eventually, holds_for
+from tests.seen import seen_then_reconciled
 from tests.unit.controller.fake_jobs import NS, make_config, pods, released_indexes, setup_job
 from tests.unit.harness import running
 from ungater._controller.controller import Controller
@@ -44,8 +45,10 @@ async def test_releases_exactly_the_admitted_count_in_index_order() -> None:
     fake = FakeKube()
     owner = setup_job(fake, 4)
     fake.put(WORKLOADS, workload(owner, "train-a", count=4, admitted=2))
-    async with running(fake, make_config()):
+    async with running(fake, make_config()) as ctl:
         await eventually(lambda: released_indexes(fake) == [0, 1], what="indexes 0 and 1")
+        # both releases seen, and a reconcile decided on them since: nothing more to release
+        await seen_then_reconciled(ctl, owner, "pods", fake.items(PODS, NS))
         await holds_for(lambda: released_indexes(fake) == [0, 1], 0.3)
     assert len(fake.patches) == 2
 

@@ -20,6 +20,7 @@ import ungater_plugins.jobset as jobset_plugin
 from tests.fakekube import FakeKube
 from tests.objects import JOBS, WORKLOADS
 from tests.polling import eventually, holds_for
+from tests.seen import seen_then_reconciled
 from tests.unit.harness import running
 from tests.unit.podfactory import (
     GATE,
@@ -330,7 +331,7 @@ async def test_released_and_foreign_release_events_are_emitted() -> None:
     fake = honest()
     j = indexed_job(fake, 3)
     events = Recorder()
-    async with running(fake, config(), events=events, plugins=PLUGINS):
+    async with running(fake, config(), events=events, plugins=PLUGINS) as ctl:
         wl = fake.put(WORKLOADS, workload(j, {"main": 3}, admitted={"main": 2}))
         await eventually(lambda: released(fake) == [0, 1])
         rel = [e for e in events.events if e.reason == RELEASED]
@@ -350,7 +351,9 @@ async def test_released_and_foreign_release_events_are_emitted() -> None:
         fake.before_patch = sneak
         fake.put(WORKLOADS, workload(j, {"main": 3}, admitted={"main": 3}))
         await eventually(lambda: FOREIGN_RELEASE in events.reasons())
-        await anyio.sleep(0.3)
+        # the removal seen by every pod cache, and a reconcile since: a second report would
+        # have been made by now
+        await seen_then_reconciled(ctl, j, "pods", fake.items(PODS, j["metadata"]["namespace"]))
         foreign = [e for e in events.events if e.reason == FOREIGN_RELEASE]
         assert len(foreign) == 1 and foreign[0].type_ == WARNING, "once per pod"
         assert third in foreign[0].message

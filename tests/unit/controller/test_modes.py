@@ -13,6 +13,7 @@ import pytest
 from tests.fakekube import FakeKube
 from tests.objects import JOBS, PODS, WORKLOADS, job_pod, ungated, workload
 from tests.polling import eventually, holds_for
+from tests.seen import seen_then_reconciled
 from tests.unit.harness import running
 from ungater._controller.modes import effective_mode
 from ungater._kube.gateguard import BINDINGS, GUARDS_GATE_ANNOTATION, POLICIES
@@ -290,5 +291,6 @@ async def test_a_kind_that_stood_down_under_auto_stays_in_audit_behind_the_polic
         checks = ctl.guard.checks
         await eventually(lambda: ctl.guard.checks >= checks + 2, what="two more checks")
         assert rt.mode == "audit" and ctl.guard.status[DEFAULT_GATE].state == "guarded"
-        fake.put(WORKLOADS, workload(b, "b-1", count=3, admitted=3))
+        admitted = fake.put(WORKLOADS, workload(b, "b-1", count=3, admitted=3))
+        await seen_then_reconciled(ctl, b, "workloads", [admitted])  # the admission seen
         await holds_for(lambda: not fake.patches, 0.3, what="no patch after the stand-down")

@@ -250,24 +250,26 @@ class Unlistable:
 
     def __init__(self, inner: FakeKube) -> None:
         self.inner = inner
+        self.tries = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     async def list_pages(self, *a: Any, **kw: Any) -> AsyncIterator[tuple[list[Any], str]]:
+        self.tries += 1
         raise ApiError(500, "Internal Server Error", "")
         yield [], ""  # pragma: no cover (makes this an async generator)
 
 
 async def test_a_stop_before_the_caches_synced_ends_run_without_acting() -> None:
-    ctl = Controller(
-        config(), Unlistable(FakeKube()), PluginRegistry.from_modules({"job": job_plugin})
-    )
+    client = Unlistable(FakeKube())
+    ctl = Controller(config(), client, PluginRegistry.from_modules({"job": job_plugin}))
     stop = anyio.Event()
     with anyio.fail_after(3):
         async with anyio.create_task_group() as tg:
             tg.start_soon(ctl.run, stop)
-            await anyio.sleep(0.2)
+            # a list failed and was tried again: the caches cannot have synced
+            await eventually(lambda: client.tries >= 2, what="a list retried")
             assert not ctl.ready.is_set()
             assert ctl.metrics_snapshot().synced is False
             stop.set()

@@ -13,6 +13,7 @@ import ungater_plugins.job as job_plugin
 from tests.fakekube import FakeKube
 from tests.objects import JOBS, PODS, WORKLOADS, job_pod, workload
 from tests.polling import eventually, holds_for
+from tests.seen import seen_then_reconciled
 from tests.unit.builders import GATE, condition, facts, wl_view
 from tests.unit.harness import running
 from ungater._decide.decision import Ownership, PodFacts
@@ -243,6 +244,7 @@ async def test_audit_mode_reports_an_over_release_and_never_patches() -> None:
             in text
         )
         assert 'ungater_audit_findings{finding="Stalled",kind="Job.batch"} 0.0' in text
+        await seen_then_reconciled(ctl, owner, "pods", fake.items(PODS, NS))
         await holds_for(lambda: not fake.patches, 0.3, what="audit patches nothing")
         assert ctl.stats.foreign_releases == 0  # others' releases are what audit watches
         fake.put(WORKLOADS, workload(owner, "train-a", count=4, admitted=4))

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from tests.fakekube import FakeKube
 from tests.objects import GATE, JOBS, PODS, WORKLOADS, job_pod, ungated, workload
 from tests.polling import eventually, holds_for
+from tests.seen import seen_then_reconciled
 from tests.unit.builders import facts, wl_view
 from tests.unit.builders import workload as raw_workload
 from tests.unit.harness import running
@@ -267,6 +268,8 @@ async def test_a_pod_whose_deletion_lands_before_our_patch_keeps_its_gate() -> N
     async with running(fake, make_config(), observed=True) as ctl:
         await eventually(lambda: released(fake, "train") == ["train-1-x001"])
         await eventually(lambda: ctl.stats.released == 1 and ctl.stats.patch_conflicts >= 1)
+        # the terminating pod and the release seen, and a reconcile decided on them since
+        await seen_then_reconciled(ctl, train, "pods", fake.items(PODS, "team-a"))
         await holds_for(lambda: ctl.stats.released == 1, 0.3)
         doomed_pod = fake.read(PODS, "team-a", doomed) or {}
         assert GATE in str(doomed_pod["spec"].get("schedulingGates"))

@@ -15,6 +15,7 @@ import ungater_plugins.job as job_plugin
 from tests.fakekube import FakeKube
 from tests.objects import JOBS, PODS, WORKLOADS, job_pod, ungated, workload
 from tests.polling import eventually, holds_for
+from tests.seen import seen_then_reconciled
 from tests.unit.harness import running
 from ungater._controller.controller import Controller
 from ungater._decide.standdown import StandDown
@@ -286,6 +287,7 @@ async def test_a_standby_never_counts_the_leaders_releases_as_foreign() -> None:
     async with running(fake, make_config(standDown={"foreignReleases": 1}), observed=True) as ctl:
         ctl._leading = lambda: False  # a standby: the leader's releases arrive by the watch
         strip_gate(fake, "b-0-x000")
+        await seen_then_reconciled(ctl, b, "pods", fake.items(PODS, NS))  # the removal seen
         await holds_for(lambda: ctl.stats.foreign_releases == 0, 0.3, what="not counted")
         (rt,) = ctl.kinds.values()
         assert rt.mode == "release" and not rt.stood_down

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import anyio
 import pytest
 
 from tests.fakekube import FakeKube
@@ -30,7 +31,7 @@ from tests.unit.podfactory import NAMESPACE, job
 from ungater._kube.client import Resource
 
 ROUNDS = 1000  # the recorder's watch rounds per resource (realpeers.WATCH_ROUNDS)
-OVER = r"2 live released in main > min\(cap 1, owner size 2\)"
+OVER = r"2 live released in main > min\(cap 1 of train-1, owner size 2\)"
 
 
 @pytest.fixture
@@ -285,3 +286,61 @@ async def test_an_event_it_cannot_record_fails_at_once() -> None:
     assert broken is not None, caught.value
     (err,) = broken.exceptions
     assert isinstance(err.__cause__, KeyError), err
+
+
+@pytest.mark.anyio
+async def test_the_record_ends_at_caught_up_not_after_a_fixed_wait() -> None:
+    """The pod watch 1 s behind: pod 1's release over the cap, made just before the body ends,
+    is in the record (``slice_watch`` waits until it reached the server's present). The old one
+    slept 0.5 s and judged a record without it."""
+    fake, owner = story()
+    fake.lag = {"pods": 1.0}
+    with pytest.raises(AssertionError, match=OVER):
+        async with recording(fake, owner):
+            release(fake, owner, 0)
+            release(fake, owner, 1)
+
+
+class SlowLists:
+    """The fake's client, its Workload list 0.3 s late."""
+
+    def __init__(self, fake: FakeKube) -> None:
+        self.fake = fake
+
+    async def list_objects(self, resource: Resource, *a: Any) -> Any:
+        if resource.plural == "workloads":
+            await anyio.sleep(0.3)
+        return await self.fake.list_objects(resource, *a)
+
+    def watch(self, *a: Any) -> Any:
+        return self.fake.watch(*a)
+
+
+@pytest.mark.anyio
+async def test_recording_starts_only_once_every_watch_listed() -> None:
+    """``SliceWatch.record`` (which the sole-releaser, audit and RayJob tests now call instead of
+    starting the watches themselves) returns once the three first lists are in: what the test
+    does next is in the record. The sole-releaser test used to start without waiting."""
+    fake, owner = story()
+    watch = SliceWatch(
+        Kube(SlowLists(fake)),  # type: ignore[arg-type]
+        NAMESPACE,
+        JOBS,
+        owner["metadata"]["uid"],
+        lambda j: {"main": 2},
+        lambda p: "main",
+        controller_uid,
+    )
+    async with anyio.create_task_group() as tg:
+        await watch.record(tg)
+        assert watch.synced.is_set()
+        assert {e.resource for e in watch.events if e.initial} == {"pod", "workload", "owner"}
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_replay_that_judged_no_release_fails() -> None:
+    fake, owner = story()
+    with pytest.raises(AssertionError, match="judged no release"):
+        async with recording(fake, owner):
+            pass
