@@ -21,9 +21,8 @@ from pathlib import Path
 
 from tests.explore.kinds import KINDS
 from tests.explore.oracles import Rules
-from tests.explore.scenarios import ALL
+from tests.explore.scenarios import ALL, CI_DEPTHS
 from tests.explore.search import explore
-from tests.explore.test_explore import CI_DEPTHS
 from tests.explore.world import Bounds
 
 RULES = ("handover-window", "unknowable")

@@ -397,4 +397,22 @@ ALL: dict[str, Scenario] = {
     )
 }
 
-__all__ = ["ALL", "NAMESPACE", "Scenario"]
+__all__ = ["ALL", "CI_DEPTHS", "NAMESPACE", "Scenario"]
+
+#: scenario -> the depth CI explores it to, for every kind it names (``make explore`` and
+#: ``python -m tests.explore --depth N`` go deeper); the sum stays within 3 minutes on 2 cores
+CI_DEPTHS = {
+    "shrink-regrow": 5,
+    "shrink-regrow-unfinalized": 5,
+    "resize-no-delete": 4,
+    "handover-relist": 3,
+    "term-shrink-regrow": 3,
+    "expiry-read-fails": 4,
+    "slice-window": 3,
+    "two-owners": 3,
+    "term-unseen-pod": 4,
+    "other-gate-shrink": 4,
+    "grow": 2,
+    "queued-sends": 4,
+    "touched-slice": 4,
+}

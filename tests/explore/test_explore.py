@@ -12,27 +12,10 @@ import pytest
 
 from tests.explore import kinds as k
 from tests.explore import oracles, planted
-from tests.explore.scenarios import ALL, Scenario
+from tests.explore.scenarios import ALL, CI_DEPTHS, Scenario
 from tests.explore.search import explore
 from tests.explore.world import Action, Bounds, World
 
-#: scenario -> the depth CI explores it to, for every kind it names (``make explore`` and
-#: ``python -m tests.explore --depth N`` go deeper); the sum stays within 3 minutes on 2 cores
-CI_DEPTHS = {
-    "shrink-regrow": 5,
-    "shrink-regrow-unfinalized": 5,
-    "resize-no-delete": 4,
-    "handover-relist": 3,
-    "term-shrink-regrow": 3,
-    "expiry-read-fails": 4,
-    "slice-window": 3,
-    "two-owners": 3,
-    "term-unseen-pod": 4,
-    "other-gate-shrink": 4,
-    "grow": 2,
-    "queued-sends": 4,
-    "touched-slice": 4,
-}
 CASES = [(name, kind) for name in CI_DEPTHS for kind in ALL[name].kinds]
 
 

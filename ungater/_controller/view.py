@@ -7,10 +7,10 @@ A release is decided on three things taken in this order:
    caches, as a quorum LIST of the API server returns them;
 2. **the bounds**: the owner, every slice of its chain that may be the active one, and the
    objects a ``select_via`` kind is sized by, each read from the API server *after* step 1,
-   all sent together (one round trip);
+   all sent together, and again until two rounds agree: all as of one moment;
 3. the write ledger for our own writes the pods of step 1 cannot show.
 
-Any write that lowered a bound before step 2 is in step 2's reads; any pod that a lowering
+Any write that lowered a bound before that moment is in step 2's reads; any pod that a lowering
 took away after step 1 is still counted by step 1 (counting a pod that went is safe); a pod
 released after step 1 is ours (the ledger) or another writer's (docs/safety.md, "What is left
 open"). No mark has to say when a cache may be stale. The reads are not written back into the
@@ -41,7 +41,15 @@ from ungater._model.views import (
     parse_workload,
 )
 
-__all__ = ["Bounds", "PodSnapshot", "ViewReader"]
+__all__ = ["SNAPSHOT_ROUNDS", "Bounds", "BoundsMoving", "PodSnapshot", "ViewReader"]
+
+#: Rounds of bound reads after the first, at most, before a reconcile gives up on a moment
+#: where they all held still (and backs off): each round is one round trip.
+SNAPSHOT_ROUNDS = 4
+
+
+class BoundsMoving(RuntimeError):
+    """The bounds changed between every two rounds of reads: no moment to decide on yet."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +138,36 @@ class ViewReader:
     async def bounds(
         self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef, slices: list[WorkloadView]
     ) -> Bounds:
-        """Read the owner, each cached slice that may be the active one and each object the
-        owner is sized by, all at once. A read that fails raises (the worker backs off)."""
+        """The bounds as they all were at one moment: read them all at once, then again, until
+        two rounds in a row show every object at the same version (or absent in both).
+
+        One round's reads are answered at different moments, and bounds read at different
+        moments can combine into a cap that was never true (a slice read before Kueue lowered
+        it, beside an owner read after it grew back). Two equal rounds pin a moment: each
+        object kept its version from its first read to its second, and the second round went
+        out only after the first was answered, so at the moment between them every object was
+        as read. A read that fails raises (the worker backs off), and so do rounds that keep
+        changing (``SNAPSHOT_ROUNDS``).
+        """
+        live = live_slices(slices)
+        vias = via_objects(rt.handler, owner, self.s.objects_controlled_by(owner.uid))
+        first = await self._read_bounds(key, rt, owner, live, vias)
+        for _ in range(SNAPSHOT_ROUNDS):
+            again = await self._read_bounds(key, rt, owner, live, vias)
+            if _versions(again) == _versions(first):
+                return self._shape(rt, owner, slices, live, vias, again)
+            first = again
+        raise BoundsMoving(f"{owner.kind} {key.namespace}/{owner.name}: its bounds kept moving")
+
+    async def _read_bounds(
+        self,
+        key: OwnerKey,
+        rt: KindRuntime,
+        owner: ObjectRef,
+        live: list[WorkloadView],
+        vias: list[ObjectView],
+    ) -> dict[tuple[str, str], Any]:
+        """One round: every bound read at once; the raw answers by (what, name)."""
         s = self.s
         spec = rt.handler.spec
         results: dict[tuple[str, str], Any] = {}
@@ -148,8 +184,6 @@ class ViewReader:
             if s.trace.on:
                 s.trace.point("read_end", key, what=what, name=name)
 
-        live = live_slices(slices)
-        vias = via_objects(rt.handler, owner, s.objects_controlled_by(owner.uid))
         wl_res = workload_resource(s.workload_version)
         async with anyio.create_task_group() as tg:
             if spec.owner_resource is not None:
@@ -163,7 +197,20 @@ class ViewReader:
                     tg.start_soon(read, "via", v.name, _get(s, res, key.namespace, v.name))
         if failures:
             raise failures[0]
+        return results
 
+    def _shape(
+        self,
+        rt: KindRuntime,
+        owner: ObjectRef,
+        slices: list[WorkloadView],
+        live: list[WorkloadView],
+        vias: list[ObjectView],
+        results: dict[tuple[str, str], Any],
+    ) -> Bounds:
+        """The answers of one round as the decision's bounds."""
+        s = self.s
+        spec = rt.handler.spec
         fresh_slices = [w for w in slices if w not in live]
         for w in live:
             obj = results[("slice", w.name)]
@@ -191,6 +238,15 @@ class ViewReader:
             else:
                 fresh_vias.append(s.parse_via(rt, obj))
         return Bounds(tuple(fresh_slices), owner_facts, owner_error, tuple(fresh_vias), gone)
+
+
+def _versions(results: dict[tuple[str, str], Any]) -> dict[tuple[str, str], tuple[str, str]]:
+    """Each answer's identity and version (absent: empty), to tell two rounds apart."""
+    out: dict[tuple[str, str], tuple[str, str]] = {}
+    for k, obj in results.items():
+        meta = (obj or {}).get("metadata") or {}
+        out[k] = (str(meta.get("uid", "")), str(meta.get("resourceVersion", "")))
+    return out
 
 
 def _resource(spec: Any) -> Resource:

@@ -49,6 +49,7 @@ from ungater._controller.controller import Controller
 from ungater._controller.patcher import DELETING
 from ungater._controller.reconciler import Changed
 from ungater._controller.state import KindRuntime
+from ungater._controller.view import SNAPSHOT_ROUNDS, BoundsMoving
 from ungater._decide.indexes import OwnerKey
 from ungater._decide.patches import FENCE_ANNOTATION
 from ungater._kube.client import EVENTS, PODS, ApiError, Resource
@@ -821,12 +822,45 @@ async def test_a_freed_slot_is_refilled_after_reading_the_job_and_its_slice_fres
         reads = [r for r in client.gets if r.plural != "pods"]
         assert sorted(reads, key=lambda r: r.plural) == [
             JOB_RESOURCE,
+            JOB_RESOURCE,
             workload_resource(ctl.state.workload_version),
-        ]
+            workload_resource(ctl.state.workload_version),
+        ]  # two rounds, equal: the moment the decision rests on
         assert ctl.state.workload_version == "v1beta2"
         now = fake.read(JOBS, NAMESPACE, name(j))
         assert now is not None
         assert ctl.state.owner_rv[key.uid] < int(now["metadata"]["resourceVersion"])
+
+
+async def test_the_bounds_are_read_until_two_rounds_agree_and_nothing_goes_when_they_never_do() -> (
+    None
+):
+    """Bounds read at different moments can combine into a cap that was never true (the
+    explorer's resize-no-delete, RayJob, depth 6: a slice read before Kueue lowered it beside
+    a RayCluster read after it grew back). The view reads every bound again until two rounds
+    show the same versions; an owner whose version moves at every read never gets a release,
+    and the reconcile gives up (the worker backs off)."""
+    fake = FakeKube()
+    client = Recording(fake)
+    _, key, pods = fenced_job(fake)
+    async with standby(fake, client=client) as (ctl, _):
+        await synced_then_blind(ctl, fake, key, "jobs")
+        await free_a_slot(ctl, fake, key, pods[0])
+        reads = [0]
+
+        def moving(obj: dict[str, Any]) -> dict[str, Any]:
+            reads[0] += 1
+            obj["metadata"]["resourceVersion"] = str(1000 + reads[0])
+            return obj
+
+        client.rewrite["jobs"] = moving
+        with pytest.raises(BoundsMoving):
+            await ctl.reconciler.reconcile(key)
+        assert reads[0] == 1 + SNAPSHOT_ROUNDS
+        assert gated(fake, pods[2]) and not fake.patches
+        del client.rewrite["jobs"]
+        decision = await ctl.reconciler.reconcile(key)
+        assert decision is not None and decision.released_names == [name(pods[2])]
 
 
 @pytest.mark.parametrize("failing", ["jobs", "workloads"])
@@ -1171,7 +1205,7 @@ async def test_a_freed_rayjob_slot_is_refilled_only_from_its_raycluster_read_fre
         client.calls.clear()
         await ctl.reconciler.reconcile(key)
         reads = [c for c in client.calls if c[0].plural == "rayclusters"]
-        assert reads == [(RAYCLUSTERS, NAMESPACE, rc_name)]
+        assert reads == [(RAYCLUSTERS, NAMESPACE, rc_name)] * 2
         assert gated(fake, workers[2]) == (fresh != "unchanged")
         assert not gated(fake, head)
         assert [v.uid for v in ctl.state.objects_controlled_by(key.uid)] == [rc["metadata"]["uid"]]
@@ -1196,9 +1230,9 @@ async def test_our_own_release_seen_and_then_ended_frees_its_slot() -> None:
         assert not gated(fake, pods[1])
 
 
-async def test_releases_into_new_capacity_read_the_owner_and_slice_once_after_the_pods() -> None:
+async def test_releases_into_new_capacity_read_the_owner_and_slice_after_the_pods() -> None:
     """Admission fills a slice's capacity: the decision still rests on the view (the pods
-    from the cache, then the Job and its slice read fresh, once each, together)."""
+    from the cache, then the Job and its slice read fresh, together, in two equal rounds)."""
     fake = FakeKube()
     client = Recording(fake)
     _, key, _ = setup(fake, pods=2, admitted=2)
@@ -1208,7 +1242,8 @@ async def test_releases_into_new_capacity_read_the_owner_and_slice_once_after_th
         client.gets.clear()
         decision = await ctl.reconciler.reconcile(key)
         assert decision is not None and len(decision.released_names) == 2
-        assert sorted(r.plural for r in client.gets if r.plural != "pods") == ["jobs", "workloads"]
+        reads = sorted(r.plural for r in client.gets if r.plural != "pods")
+        assert reads == ["jobs", "jobs", "workloads", "workloads"]
 
 
 async def test_a_job_shrunk_and_grown_back_unseen_by_the_caches_is_capped_by_its_fresh_slice() -> (
@@ -1261,7 +1296,7 @@ async def test_a_freed_slot_of_a_kind_whose_owner_is_never_read_is_refilled_with
         client.gets.clear()
         decision = await ctl.reconciler.reconcile(key)
         assert decision is not None and decision.released_names == [name(pods[2])]
-        assert [r.plural for r in client.gets if r.plural != "pods"] == ["workloads"]
+        assert [r.plural for r in client.gets if r.plural != "pods"] == ["workloads"] * 2
         assert key.uid not in ctl.state.owner_rv
 
 

@@ -1,6 +1,7 @@
 """What a release wave costs in requests to the API server: every releasing decision rests on
-the view (docs/safety.md, "The view"), one round of reads sent together (the owner and each
-slice that may be active) before one patch per pod. These counts are the cost side of
+the view (docs/safety.md, "The view"): two rounds of reads, each sent together (the owner and
+each slice that may be active), equal when nothing moved between them, before one patch per
+pod. These counts are the cost side of
 docs/safety.md."""
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ async def free_a_slot_and_refill(
 
 
 @pytest.mark.anyio
-async def test_an_admission_and_a_scale_up_cost_one_round_of_reads_and_one_patch_per_pod() -> None:
-    """The admission's wave and the scale-up's each read the Job and the active slice once
+async def test_an_admission_and_a_scale_up_cost_two_rounds_of_reads_and_one_patch_per_pod() -> None:
+    """The admission's wave and the scale-up's each read the Job and the active slice twice
     (the finished first slice is not read: it can never be the active one again)."""
     fake = FakeKube()
     client = Counting(fake)
@@ -80,7 +81,7 @@ async def test_an_admission_and_a_scale_up_cost_one_round_of_reads_and_one_patch
     async with running(client, config()):
         first = fake.put(WORKLOADS, workload(j, {"main": 4}, admitted={"main": 4}))
         await eventually(lambda: live_released(fake) == 4, what="the admission's wave")
-        assert client.counts == {"get jobs": 1, "get workloads": 1, "patch pods": 4}
+        assert client.counts == {"get jobs": 2, "get workloads": 2, "patch pods": 4}
         client.counts.clear()
         j = fake.put(JOBS, {**j, "spec": {**j["spec"], "parallelism": 6}})
         for i in (4, 5):
@@ -97,13 +98,13 @@ async def test_an_admission_and_a_scale_up_cost_one_round_of_reads_and_one_patch
         )
         await eventually(lambda: live_released(fake) == 6, what="the scale-up's wave")
         await anyio.sleep(0.1)
-        assert client.counts == {"get jobs": 1, "get workloads": 1, "patch pods": 2}
+        assert client.counts == {"get jobs": 2, "get workloads": 2, "patch pods": 2}
 
 
 @pytest.mark.anyio
-async def test_a_slot_freed_by_a_pod_that_went_costs_one_round_of_two_reads() -> None:
+async def test_a_slot_freed_by_a_pod_that_went_costs_two_rounds_of_two_reads() -> None:
     """A released pod is deleted (as on a shrink, or a failure replaced): the replacement's
-    release costs what any wave costs, the owner and its slice read together."""
+    release costs what any wave costs, the owner and its slice read together, twice."""
     fake = FakeKube()
     client = Counting(fake)
     j = fake.put(JOBS, job("train", parallelism=2, completions=8))
@@ -112,11 +113,11 @@ async def test_a_slot_freed_by_a_pod_that_went_costs_one_round_of_two_reads() ->
         fake.put(WORKLOADS, workload(j, {"main": 2}, admitted={"main": 2}))
         await eventually(lambda: live_released(fake) == 2, what="the admission's wave")
         await free_a_slot_and_refill(fake, client, j, pods[1])
-        assert client.counts == {"get jobs": 1, "get workloads": 1, "patch pods": 1}
+        assert client.counts == {"get jobs": 2, "get workloads": 2, "patch pods": 1}
 
 
 @pytest.mark.anyio
-async def test_a_slot_freed_after_a_scale_up_reads_the_active_slice_once() -> None:
+async def test_a_slot_freed_after_a_scale_up_reads_only_the_active_slice() -> None:
     """With two slices cached (the finished first and its replacement), the view reads the
     active one only: a finished slice is never active again."""
     fake = FakeKube()
@@ -133,4 +134,4 @@ async def test_a_slot_freed_after_a_scale_up_reads_the_active_slice_once() -> No
     async with running(client, config()):
         await eventually(lambda: live_released(fake) == 2, what="the wave")
         await free_a_slot_and_refill(fake, client, j, pods[1])
-        assert client.counts == {"get jobs": 1, "get workloads": 1, "patch pods": 1}
+        assert client.counts == {"get jobs": 2, "get workloads": 2, "patch pods": 1}
