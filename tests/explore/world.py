@@ -185,6 +185,10 @@ class Clock:
         return self.now
 
 
+#: ``standDown.resumeAfterSeconds`` in the explored controllers (virtual seconds).
+STAND_DOWN_RESUME = 90.0
+
+
 def config(kind: Kind, **extra: Any) -> Config:
     return Config.model_validate(
         {
@@ -192,6 +196,9 @@ def config(kind: Kind, **extra: Any) -> Config:
             "mode": "release",
             "expectationsTimeoutSeconds": EXPECTATIONS_TIMEOUT,
             "policyCheckIntervalSeconds": 0,
+            # a stand-down on a previous leader's late releases must end within the liveness
+            # oracle's rounds (four of 60 s), as it does after 900 s in production
+            "standDown": {"resumeAfterSeconds": STAND_DOWN_RESUME},
             **extra,
         }
     )
