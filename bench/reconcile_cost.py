@@ -66,8 +66,8 @@ def _add_owner(ctl: Controller, index: int, gated: bool) -> OwnerKey:
     wl["metadata"].update(namespace=_NS, uid=str(uuid.uuid4()))
     wl["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
     wl.update(admission_status(_PODS_PER_OWNER))
-    ctl.workloads.on_change(None, parse_workload(_wire(wl)))
-    pods = ctl.kinds[_JOB].pods
+    ctl.state.workloads.on_change(None, parse_workload(_wire(wl)))
+    pods = ctl.state.kinds[_JOB].pods
     for i in range(_PODS_PER_OWNER):
         pod = pod_body(job, i, "synthetic", gated=gated)
         pod["metadata"].update(namespace=_NS, uid=str(uuid.uuid4()))
@@ -80,7 +80,7 @@ async def _time(ctl: Controller, key: OwnerKey, repeats: int, reset: bool) -> li
     out: list[float] = []
     for i in range(repeats + _WARMUP):
         if reset:
-            ctl.expectations.forget_key(key)
+            ctl.state.ledger.expectations.forget_key(key)
         t = time.perf_counter()
         await ctl.reconcile(key)
         if i >= _WARMUP:

@@ -67,11 +67,13 @@ async def reconciled(
     With ``decided``, queue it again until one decides."""
     deadline = time.monotonic() + timeout
     for _ in range(1000):
-        before = ctl.decisions.get(key)
-        ctl.queue.add(key)
+        before = ctl.state.decisions.get(key)
+        ctl.state.queue.add(key)
         left = max(0.1, deadline - time.monotonic())
-        await eventually(lambda: not ctl.queue.busy(key), timeout=left, what=f"reconcile {key}")
-        after = ctl.decisions.get(key)
+        await eventually(
+            lambda: not ctl.state.queue.busy(key), timeout=left, what=f"reconcile {key}"
+        )
+        after = ctl.state.decisions.get(key)
         if after is not before and after is not None:
             return after
         if not decided:

@@ -23,6 +23,7 @@ any state, whether the controller left a releasable pod gated for good.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import pickle
 from collections.abc import Awaitable, Callable, Sequence
@@ -513,14 +514,10 @@ class World:
         rep.served = []
 
         async def run() -> None:
-            # what the worker retries with backoff; anything else is a bug and ends the run
-            try:
+            # a failed read is what the worker retries with backoff; the reconcile returns its
+            # other outcomes, so anything else raised is a bug and ends the run
+            with contextlib.suppress(ApiError, OSError, TimeoutError):
                 await rep.ctl.reconciler.reconcile(key)
-            except (ApiError, OSError, TimeoutError):
-                pass
-            except Exception as exc:  # the controller's own (Changed, PatchesFailed, ...)
-                if not type(exc).__module__.startswith("ungater."):
-                    raise
 
         rep.task = asyncio.get_running_loop().create_task(run())
         await self._run_on(rep, pause=pausing)
@@ -686,7 +683,7 @@ class World:
                     if not req.answer.done():
                         req.answer.cancel()
                 await asyncio.gather(rep.task, return_exceptions=True)
-            rep.ctl.queue.shut_down()
+            rep.ctl.state.queue.shut_down()
 
 
 #: ``State`` attributes that only report (counters, the last decisions, metrics, the trace,

@@ -195,8 +195,8 @@ async def test_auto_audits_kueues_gate_without_the_policy_and_releases_behind_it
     await admit(kube, ns, "job-train-a", {"main": 2})
     config = config_for(ns, mode="auto", policyCheckIntervalSeconds=0.5)
     async with running_controller(control_plane.kubeconfig_path, config) as ctl:
-        rt = next(rt for kind, rt in ctl.kinds.items() if kind.kind == "Job")
-        assert ctl.guard.status[GATE].state == "unguarded" and rt.mode == "audit"
+        rt = next(rt for kind, rt in ctl.state.kinds.items() if kind.kind == "Job")
+        assert ctl.state.guard.status[GATE].state == "unguarded" and rt.mode == "audit"
         await holds_for(lambda: equals(released_indexes(kube, ns, sel), []), 2.0)
         assert ctl.status_lines()[0].startswith("Job.batch: audit")
         await kube.client.create(POLICIES, None, policy)

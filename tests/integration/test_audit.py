@@ -67,7 +67,7 @@ async def test_audit_mode_reports_another_releasers_over_release_and_a_stall(
         await release_all(kube, ns, slow_sel, {0})  # 1 of 2: index 1 stalls
 
         def open_findings() -> dict[str, Any]:
-            return {f.finding: f for f in ctl.auditor.tracker.findings()}
+            return {f.finding: f for f in ctl.state.auditor.tracker.findings()}
 
         await eventually(
             lambda: {"OverRelease", "Stalled"} <= set(open_findings()),
@@ -162,7 +162,7 @@ async def test_release_mode_stands_down_when_another_releaser_keeps_removing_the
             )
 
         await eventually(lambda: _eq(released(), [0, 1]), what="ungater releases 0 and 1")
-        rt = next(rt for k, rt in ctl.kinds.items() if str(k) == "Job.batch")
+        rt = next(rt for k, rt in ctl.state.kinds.items() if str(k) == "Job.batch")
         assert rt.mode == "release"
         await release_all(kube, ns, sel, {3, 4})  # a second releaser at work
         await eventually(lambda: rt.stood_down != "", timeout=15, what="the stand-down")
@@ -177,7 +177,7 @@ async def test_release_mode_stands_down_when_another_releaser_keeps_removing_the
         assert 'ungater_stood_down{kind="Job.batch"} 1.0' in ctl.metrics.render().decode()
         # from now on it only reports: 4 released for an admitted 2, nothing patched
         await eventually(
-            lambda: any(f.finding == "OverRelease" for f in ctl.auditor.tracker.findings()),
+            lambda: any(f.finding == "OverRelease" for f in ctl.state.auditor.tracker.findings()),
             what="audit reports the over-release",
         )
         await admit(kube, ns, "job-train-a", {"main": 5})  # room for index 2 now

@@ -164,7 +164,7 @@ async def test_not_admitted_evicted_or_finished_release_nothing(
             "status",
         )
         await holds_for(lambda: equals(released_indexes(kube, ns, sel_p), []), 1.0)
-    assert not [p for p in ctl.decisions.values() if p.releases]
+    assert not [p for p in ctl.state.decisions.values() if p.releases]
 
 
 def _reserved() -> dict[str, Any]:
@@ -289,7 +289,7 @@ async def test_malformed_workloads_are_skipped_and_others_work(
         await eventually(lambda: equals(released_indexes(kube, ns, sel3), [0, 1]))
         await holds_for(lambda: equals(released_indexes(kube, ns, sel1), []), 0.5)
         await holds_for(lambda: equals(released_indexes(kube, ns, sel2), []), 0.5)
-    reports = {d.active_slice: d for d in ctl.decisions.values()}
+    reports = {d.active_slice: d for d in ctl.state.decisions.values()}
     bad1_report = reports["job-bad1-a"].pod_sets[0]
     assert bad1_report.cap == 0 and "missing from status.admission" in bad1_report.problem
     assert ctl.stats.reconcile_errors == 0

@@ -119,7 +119,7 @@ async def test_jobset_pod_sets_have_their_own_caps_and_order(
         await admit(kube, ns, "jobset-train-a", {"driver": 1, "workers": 3})
         await eventually(lambda: equals(released(), want), what="driver + 3 workers in index order")
         await holds_for(lambda: equals(released(), want), 1.0)
-    decision = next(d for d in ctl.decisions.values() if d.active_slice == "jobset-train-a")
+    decision = next(d for d in ctl.state.decisions.values() if d.active_slice == "jobset-train-a")
     caps = {r.name: r.cap for r in decision.pod_sets}
     assert caps == {"driver": 1, "workers": 3}
 

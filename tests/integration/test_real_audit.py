@@ -253,7 +253,7 @@ async def test_audit_reports_kueues_scale_down_over_release_and_a_stall(
     config_file.write_text(yaml.safe_dump(config.dump()))
     kubeconfig = kueue_cluster.kubeconfig_path
     async with observed_controller(kubeconfig, config) as ctl:
-        reports = Reports(ctl.auditor)
+        reports = Reports(ctl.state.auditor)
         rc = await kube.create(RAYCLUSTERS, ns, rayclusters_autoscaled("rc", 2))
         uid = rc["metadata"]["uid"]
         watch = SliceWatch(
@@ -397,7 +397,7 @@ async def test_audit_reports_kueues_release_past_the_quota_on_a_job_scale_up(
     config_file.write_text(yaml.safe_dump(config.dump()))
     kubeconfig = kueue_cluster.kubeconfig_path
     async with observed_controller(kubeconfig, config) as ctl:
-        reports = Reports(ctl.auditor)
+        reports = Reports(ctl.state.auditor)
         job = await kube.create(JOBS, ns, queued_job("train", 6))
         uid = job["metadata"]["uid"]
         watch = SliceWatch(

@@ -112,7 +112,7 @@ async def test_audit_finds_nothing_over_a_whole_story_beside_kueue_v0_19(
         assert report["findings"] == [], f"{step}: {report}"
 
     async with observed_controller(kubeconfig, config) as ctl:
-        reports, audits = Reports(ctl.auditor), Audits(ctl.auditor)
+        reports, audits = Reports(ctl.state.auditor), Audits(ctl.state.auditor)
         job = await kube.create(JOBS, ns, queued_job("story", 2))
         uid = job["metadata"]["uid"]
         watch = SliceWatch(

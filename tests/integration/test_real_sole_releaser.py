@@ -108,8 +108,8 @@ async def test_ungater_releases_kueues_gate_alone_under_the_policy(
     # then wins: see the stand-down test below) and must be refused every time
     patches = PatchLog(delay=1.0)
     async with running_controller(kueue_cluster.kubeconfig_path, config, patches.wrap) as ctl:
-        await eventually(lambda: ctl.guard.status.get(KUEUE_GATE) is not None, timeout=30)
-        assert ctl.guard.status[KUEUE_GATE].state == "guarded"
+        await eventually(lambda: ctl.state.guard.status.get(KUEUE_GATE) is not None, timeout=30)
+        assert ctl.state.guard.status[KUEUE_GATE].state == "guarded"
         job = await kueue_kube.create(JOBS, ns, queued_job("train", 2))
         gates = [g["name"] for g in job["spec"]["template"]["spec"]["schedulingGates"]]
         assert gates == [KUEUE_GATE], "Kueue's webhook still adds its gate"
@@ -145,7 +145,7 @@ async def test_ungater_releases_kueues_gate_alone_under_the_policy(
         violations = watch.replay(KUEUE_GATE)
         assert not violations, violations
         assert ctl.stats.foreign_releases == 0, "Kueue released nothing itself"
-        assert not any(rt.stood_down for rt in ctl.kinds.values())
+        assert not any(rt.stood_down for rt in ctl.state.kinds.values())
     kueue_log = (kueue_cluster.logs_dir / "kueue.log").read_text(errors="replace")
     assert "is released by ungater only" in kueue_log, "Kueue tried and was refused"
 
@@ -174,13 +174,13 @@ async def test_beside_the_real_kueue_without_the_policy_ungater_stands_down(
     )
     patches = PatchLog(delay=1.5)
     async with running_controller(kueue_cluster.kubeconfig_path, config, patches.wrap) as ctl:
-        await eventually(lambda: ctl.guard.status.get(KUEUE_GATE) is not None, timeout=30)
-        assert ctl.guard.status[KUEUE_GATE].state != "guarded"
+        await eventually(lambda: ctl.state.guard.status.get(KUEUE_GATE) is not None, timeout=30)
+        assert ctl.state.guard.status[KUEUE_GATE].state != "guarded"
         job = await kueue_kube.create(JOBS, ns, queued_job("train", 3))
         await eventually(
             lambda: _released_count(kueue_kube, ns, job, 3), timeout=60, what="Kueue releases 3"
         )
-        [rt] = ctl.kinds.values()
+        [rt] = ctl.state.kinds.values()
         await eventually(lambda: bool(rt.stood_down), timeout=30, what="stood down")
         assert rt.mode == "audit"
         assert ctl.stats.foreign_releases >= 2

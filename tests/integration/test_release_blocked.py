@@ -26,7 +26,7 @@ from tests.integration.support import (
 from tests.objects import GATE, PODS
 from tests.polling import eventually, holds_for
 from ungater._cli.explain import explain
-from ungater._decide.refusals import BLOCKED, CONFLICT, classify_patch_error, server_message
+from ungater._decide.refusals import PatchOutcome, classify_patch_error, server_message
 from ungater._kube.client import ApiError, Resource
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -142,12 +142,12 @@ async def test_a_failed_json_patch_test_is_a_conflict_not_a_block(
         await kube.json_patch(PODS, ns, name, stale)
     exc = caught.value
     assert exc.status == 422, (exc.status, exc.body)
-    assert classify_patch_error(exc.status, exc.reason, exc.body) == CONFLICT, exc.body
+    assert classify_patch_error(exc.status, exc.reason, exc.body) == PatchOutcome.CONFLICT, exc.body
     gone = [{"op": "remove", "path": "/spec/schedulingGates/5"}]
     with pytest.raises(ApiError) as caught:
         await kube.json_patch(PODS, ns, name, gone)
     exc = caught.value
-    assert classify_patch_error(exc.status, exc.reason, exc.body) == CONFLICT, exc.body
+    assert classify_patch_error(exc.status, exc.reason, exc.body) == PatchOutcome.CONFLICT, exc.body
 
 
 async def test_a_policy_refusing_one_pod_blocks_it_alone(
@@ -165,7 +165,10 @@ async def test_a_policy_refusing_one_pod_blocks_it_alone(
             lambda: refusal(kube, ns, pods[0]), timeout=15, what="the policy in force"
         )
         assert refused is not None
-        assert classify_patch_error(refused.status, refused.reason, refused.body) == BLOCKED
+        assert (
+            classify_patch_error(refused.status, refused.reason, refused.body)
+            == PatchOutcome.BLOCKED
+        )
         assert DENIED in server_message(refused.reason, refused.body)
         assert await refusal(kube, ns, pods[1]) is None  # only index 0 is refused
 
@@ -181,7 +184,7 @@ async def test_a_policy_refusing_one_pod_blocks_it_alone(
             await eventually(lambda: _eq(released(sel), [1, 2, 3]), timeout=15, what="1, 2, 3")
             await eventually(lambda: _eq(released(other_sel), [0, 1]), what="the other owner")
             blocked_uid = pods[0]["metadata"]["uid"]
-            assert blocked_uid in ctl.blocked
+            assert blocked_uid in ctl.state.blocked
             assert ctl.stats.patch_blocked >= 1
             # one refusal, then the pod waits out its backoff instead of hammering the server
             patches_before = ctl.stats.patch_blocked

@@ -82,3 +82,16 @@ async def started(
             yield stop
         finally:
             stop.set()
+
+
+def owner_version(ctl: Controller, uid: str) -> int:
+    """The resourceVersion at which the controller's cache holds an owner (-1: not held)."""
+    held = ctl.state.owners.get(uid)
+    rv = held.resource_version if held is not None else ""
+    return int(rv) if rv.isdigit() else -1
+
+
+def owner_facts(ctl: Controller, uid: str) -> Mapping[str, Any] | None:
+    """The plugin's facts of an owner, as the controller's cache holds them."""
+    held = ctl.state.owners.get(uid)
+    return held.facts if held is not None else None

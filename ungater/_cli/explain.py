@@ -15,7 +15,7 @@ from ungater._controller.modes import HOW_TO_RELEASE, effective_mode
 from ungater._decide.assess import owner_facts_of, owner_of, pod_facts, pod_selectors, via_objects
 from ungater._decide.decision import Decision, PodFacts, active_slice, decide, order_slices
 from ungater._decide.findings import Finding, audit_owner
-from ungater._decide.refusals import BLOCKED, classify_patch_error, server_message
+from ungater._decide.refusals import PatchOutcome, classify_patch_error, server_message
 from ungater._kube.client import PODS, ApiError, KubeClient, Resource, selector_text
 from ungater._kube.gateguard import check_guards
 from ungater._kube.kueue import KUEUE_GROUP, workload_resource
@@ -256,7 +256,7 @@ async def _refused_releases(
         try:
             await dry_run(PODS, pod.namespace, pod.name, ops)
         except ApiError as exc:
-            if classify_patch_error(exc.status, exc.reason, exc.body) == BLOCKED:
+            if classify_patch_error(exc.status, exc.reason, exc.body) == PatchOutcome.BLOCKED:
                 message = server_message(exc.reason, exc.body)
                 out[pod.uid] = f"release refused by the API server (HTTP {exc.status}): {message}"
     return out

@@ -268,7 +268,7 @@ async def _run(args: argparse.Namespace, config: Config, registry: PluginRegistr
             tg.start_soon(on_signal)
             try:
                 ctl = await serve(config, client, registry, stop)
-                error = ctl.fatal_error  # e.g. standDown.action: exit
+                error = ctl.state.fatal_error  # e.g. standDown.action: exit
                 log.info("totals: %s", ctl.stats.summary())
             except StartupError as exc:
                 error = str(exc)

@@ -5,8 +5,7 @@
 namespace (Workloads, each kind's pods, owners, intermediates) wired to the event handlers
 (``handlers.py``), reports ready once every cache has listed, and runs the workers that take
 owner keys from the queue and hand them to the reconciler (``reconciler.py``), only while this
-replica leads. The shared caches and bookkeeping are ``state.py``'s; the attributes here are
-the same objects, for the app, the CLI and the tests.
+replica leads. The shared caches and bookkeeping are ``state.py``'s (``Controller.state``).
 """
 
 from __future__ import annotations
@@ -23,9 +22,9 @@ from ungater._controller.modes import effective_mode
 from ungater._controller.notices import Notices
 from ungater._controller.patcher import Patcher
 from ungater._controller.queue import QueueShutDown
-from ungater._controller.reconciler import Changed, Reconciler
-from ungater._controller.state import KindRuntime, State, Stats, resource_version_number
-from ungater._decide.decision import Decision
+from ungater._controller.reconciler import Outcome, Reconciler, Retry
+from ungater._controller.state import KindRuntime, State, Stats
+from ungater._decide.freshness import version_number
 from ungater._decide.indexes import OwnerKey, PodIndex
 from ungater._kube.client import KubeClient
 from ungater._kube.kueue import KUEUE_GROUP
@@ -70,33 +69,11 @@ class Controller:
         self.notices = Notices(s)  # warnings, stand-down, status lines
         self.handlers = EventHandlers(s, self.notices)
         self.reconciler = Reconciler(s, self.notices, Patcher(s, self.notices))
-        # the shared objects, under the names the app, the CLI and the tests use
-        self.kinds, self.workloads, self.objects = s.kinds, s.workloads, s.objects
-        self.queue, self.expectations, self.blocked = s.queue, s.expectations, s.blocked
-        self.decisions, self.auditor, self.guard = s.decisions, s.auditor, s.guard
         self.reflectors: list[Reflector[Any]] = []
         s.freshness.cache_versions = lambda: [r.resource_version for r in self.reflectors]
         self.ready = anyio.Event()
         self._busy = 0
         self._idle: anyio.Event | None = None
-
-    # the shared values that change, read and written through the state
-    @property
-    def workload_version(self) -> str:
-        return self.state.workload_version
-
-    @property
-    def fatal_error(self) -> str:
-        """Why the process must end (``standDown.action: exit``), or empty."""
-        return self.state.fatal_error
-
-    @property
-    def _leading(self) -> Callable[[], bool]:
-        return self.state.leading
-
-    @_leading.setter
-    def _leading(self, leading: Callable[[], bool]) -> None:
-        self.state.leading = leading
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -142,12 +119,12 @@ class Controller:
 
     def build_reflectors(self) -> None:
         self.reflectors.extend(
-            self.handlers.reflectors(self.client, self.workload_version, self._namespaces())
+            self.handlers.reflectors(self.client, self.state.workload_version, self._namespaces())
         )
 
     # -- what others ask ------------------------------------------------------------------------
 
-    async def reconcile(self, key: OwnerKey) -> Decision | None:
+    async def reconcile(self, key: OwnerKey) -> Outcome:
         """Decide for one owner and release what the decision chose (see ``Reconciler``)."""
         return await self.reconciler.reconcile(key)
 
@@ -179,13 +156,13 @@ class Controller:
             "serving %s with Workload %s in %s",
             ", ".join(
                 f"{k} (gate {rt.gate}, plugin {rt.handler.plugin.label})"
-                for k, rt in self.kinds.items()
+                for k, rt in self.state.kinds.items()
             ),
-            self.workload_version,
+            self.state.workload_version,
             ", ".join(self.config.namespaces) or "all namespaces",
         )
-        if self.guard.interval > 0:
-            await self.guard.refresh()  # at start-up, then every interval (run)
+        if self.state.guard.interval > 0:
+            await self.state.guard.refresh()  # at start-up, then every interval (run)
         self.notices.startup()
 
     async def run(
@@ -201,13 +178,13 @@ class Controller:
             await self.start()
         self.state.stop = stop
         if elector is not None:
-            self._leading = lambda: elector.is_leader
+            self.state.leading = lambda: elector.is_leader
             self.state.freshness.term_start = lambda: _term_start(elector)
         async with anyio.create_task_group() as tg:
             for r in self.reflectors:
                 tg.start_soon(r.run)
-            if self.guard.interval > 0:
-                tg.start_soon(self.guard.run)
+            if self.state.guard.interval > 0:
+                tg.start_soon(self.state.guard.run)
             async with anyio.create_task_group() as sync_wait:
                 sync_wait.start_soon(self._wait_synced)
                 await _first_of(stop, self.ready)
@@ -219,7 +196,7 @@ class Controller:
                     else:
                         acting.start_soon(elector.run_while_leading, self._lead)
                     await stop.wait()
-                    self.queue.shut_down()  # no new keys; workers return after their current one
+                    self.state.queue.shut_down()  # no new keys; workers return after their current one
                     if self._busy:
                         self._idle = anyio.Event()
                         with anyio.move_on_after(grace):
@@ -231,10 +208,10 @@ class Controller:
         log.info("leading (term %d): acting", term.number)
         # the caches may lag what the previous leader did: each owner's first release of the
         # term is decided on quorum reads, until one shows the cache current (reconciler.py)
-        self.state.freshness.begin_term(resource_version_number(term.resource_version) or 0)
+        self.state.freshness.begin_term(version_number(term.resource_version) or 0)
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._catch_up, self.state.term_rv)
+                tg.start_soon(self._catch_up, self.state.freshness.term_rv)
                 await self._workers()
                 tg.cancel_scope.cancel()
         finally:
@@ -255,7 +232,7 @@ class Controller:
             return  # no order to compare with: every owner is proven by its own reads
 
         def past(r: Reflector[Any]) -> bool:
-            return (resource_version_number(r.resource_version) or -1) >= term_rv
+            return (version_number(r.resource_version) or -1) >= term_rv
 
         at_start = {id(r): r.resource_version for r in self.reflectors}
         moved_at: float | None = None
@@ -282,16 +259,16 @@ class Controller:
             await r.synced.wait()
         log.info(
             "caches synced: %d workloads, %d pods, %d intermediate owners",
-            len(self.workloads),
-            sum(len(rt.pods) for rt in self.kinds.values()),
-            len(self.objects),
+            len(self.state.workloads),
+            sum(len(rt.pods) for rt in self.state.kinds.values()),
+            len(self.state.objects),
         )
         self.ready.set()
 
     async def _workers(self) -> None:
         """Run the workers until the queue shuts down (or the task is cancelled)."""
-        for key in self.workloads.owner_keys():
-            self.queue.add(key)  # a new term starts from the whole picture
+        for key in self.state.workloads.owner_keys():
+            self.state.queue.add(key)  # a new term starts from the whole picture
         async with anyio.create_task_group() as tg:
             for _ in range(self.config.workers):
                 tg.start_soon(self._worker)
@@ -299,17 +276,20 @@ class Controller:
     async def _worker(self) -> None:
         while True:
             try:
-                key = await self.queue.get()
+                key = await self.state.queue.get()
             except QueueShutDown:
                 return
             self._busy += 1
             started, result = time.monotonic(), "success"
             try:
-                await self.reconciler.reconcile(key)
-                self.queue.forget(key)
-            except Changed:
-                result = "conflict"
-                self.queue.add_rate_limited(key)
+                outcome = await self.reconciler.reconcile(key)
+                if outcome.retry is not None:
+                    result = "error" if outcome.retry == Retry.FAILED else "conflict"
+                    self.state.queue.add_rate_limited(key)
+                else:
+                    self.state.queue.forget(key)
+                if outcome.after is not None:
+                    self.state.queue.add_after(key, outcome.after)
             except PluginError as exc:
                 result = "plugin_error"
                 self.stats.plugin_errors += 1
@@ -317,9 +297,11 @@ class Controller:
                 if self.metrics is not None:
                     self.metrics.observe_plugin_error(exc.plugin.name)
                 self.state.event_for(key, WARNING, PLUGIN_ERROR, str(exc))
-                self.queue.add_rate_limited(key)
+                self.state.queue.add_rate_limited(key)
             except anyio.get_cancelled_exc_class():
-                self.queue.add(key)  # leadership lost or shutting down: the next term redoes it
+                self.state.queue.add(
+                    key
+                )  # leadership lost or shutting down: the next term redoes it
                 raise
             except Exception as exc:
                 result = "error"
@@ -327,10 +309,10 @@ class Controller:
                 log.warning(
                     "%s: reconcile failed: %r; retrying with backoff", self.describe(key), exc
                 )
-                self.queue.add_rate_limited(key)
+                self.state.queue.add_rate_limited(key)
             finally:
                 self._busy -= 1
-                self.queue.done(key)
+                self.state.queue.done(key)
                 if self.metrics is not None:
                     self.metrics.observe_reconcile(result, time.monotonic() - started)
                 if self._busy == 0 and self._idle is not None:
@@ -339,7 +321,7 @@ class Controller:
 
 def _term_start(elector: LeaderElector) -> int:
     term = elector.term
-    return (resource_version_number(term.resource_version) or 0) if term is not None else 0
+    return (version_number(term.resource_version) or 0) if term is not None else 0
 
 
 async def _first_of(*events: anyio.Event) -> None:

@@ -13,8 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ungater._controller.notices import Notices
-from ungater._controller.state import KindRuntime, OwnerFacts, State, resource_version_number
-from ungater._decide.indexes import OwnerKey
+from ungater._controller.state import KindRuntime, State
+from ungater._decide.freshness import version_number
+from ungater._decide.indexes import OwnerFacts, OwnerKey
 from ungater._kube.client import PODS, KubeClient, Resource
 from ungater._kube.kueue import workload_resource
 from ungater._kube.reflector import Reflector, from_list
@@ -115,9 +116,9 @@ class EventHandlers:
         if new is not None:
             if old is None or old.facts != new.facts:  # its size may have grown
                 s.releasable.room_made(OwnerKey(new.namespace, new.uid))
-            s.keep_owner(new)
+            s.owners.keep(new)
         elif old is not None:
-            s.forget_owner(old)
+            s.owners.forget(old.uid)
             s.releasable.owner_gone(OwnerKey(old.namespace, old.uid))
         view = new or old
         if view is not None and s.workloads.has_owner(view.uid):
@@ -129,9 +130,9 @@ class EventHandlers:
     def on_object(self, old: ObjectView | None, new: ObjectView | None) -> None:
         s = self.s
         if new is not None:
-            s.keep_object(new)
+            s.objects.keep(new)
         elif old is not None:
-            s.forget_object(old)
+            s.objects.forget(old)
         view = new or old
         if view is not None:
             ctrl = view.controller
@@ -157,7 +158,7 @@ class EventHandlers:
             settled = new is None or not new.has_gate(gate) or new.terminal or new.deleting
             if settled:
                 # only this kind's own view clears what this kind's reconcile expects
-                s.expectations.observe(pod.uid, rt.kind)
+                s.ledger.expectations.observe(pod.uid, rt.kind)
                 s.blocked.clear(pod.uid)
             if (
                 s.leading()  # a standby sees the leader's releases: not foreign
@@ -167,11 +168,11 @@ class EventHandlers:
                 and new is not None
                 and old.has_gate(gate)
                 and not new.has_gate(gate)
-                and pod.uid not in s.ours
-                and pod.uid not in s.gone  # a lagging watch replaying a gone pod's past
+                and not s.ledger.is_ours(pod.uid)
+                and not s.ledger.is_gone(pod.uid)  # a lagging watch replaying a gone pod's past
             ):
                 if rt.mode == "release":
-                    self.notices.foreign_release(new, rt)
+                    self.notices.foreign_release(new, rt, s.ledger.foreign(pod.uid))
                 elif rt.stood_down:  # the other releaser is still at work: stay down longer
                     s.stand_down.still_at_work(str(rt.kind))
             if new is None and not any(pod.uid in k.pods.by_uid for k in s.kinds.values()):
@@ -234,5 +235,5 @@ def _live(pod: PodView | None) -> bool:
 
 def _after(pod: PodView, resource_version: int) -> bool:
     """Whether this view of the pod is newer than ``resource_version`` (yes if unknowable)."""
-    rv = resource_version_number(pod.resource_version)
+    rv = version_number(pod.resource_version)
     return rv is None or rv > resource_version

@@ -53,16 +53,17 @@ class Notices:
         #: Called with every pod shown released by another writer (each time it is shown,
         #: before the once-per-pod report): what tests and tools watch it through.
         self.on_foreign_release: Callable[[PodView], None] | None = None
+        state.forgetters.append(self._forget)
 
-    def forget(self, key: OwnerKey) -> None:
+    def _forget(self, key: OwnerKey) -> None:
         self._inactive_since.pop(key, None)
-        self.c.stalls.forget(key)
 
     # -- pods that stay gated ------------------------------------------------------------------
 
-    def stuck(self, key: OwnerKey, decision: Decision) -> None:
+    def stuck(self, key: OwnerKey, decision: Decision) -> float | None:
         """Warn (log line and rate-limited Event) about pods that cannot be released as is,
-        and date the owner's releasable pods that stay gated (``ungater_stalled_pods``)."""
+        and date the owner's releasable pods that stay gated (``ungater_stalled_pods``);
+        seconds after which to look at the owner again, if a warning waits for a grace."""
         c = self.c
         rt = c.kind_of(key)
         if rt is not None:
@@ -107,8 +108,7 @@ class Notices:
             since = self._inactive_since.setdefault(key, now)
             left = c.config.slice_handover_grace_seconds - (now - since)
             if left > 0:
-                c.queue.add_after(key, left)
-                return
+                return left
         if decision.unmapped:
             first = decision.unmapped[0]
             c.event_for(
@@ -117,11 +117,10 @@ class Notices:
                 PODS_UNMAPPED,
                 f"{len(decision.unmapped)} gated pod(s) cannot be mapped; {first.pod}: {first.reason}",
             )
+        return None
 
     def blocked(self, key: OwnerKey, rt: KindRuntime, refused: Sequence[Release]) -> None:
-        """Releases refused for good: warn once per refusal (rate-limited Events), re-decide at
-        once (the next pod in order may take a refused pod's slot) and again when the first
-        refused pod's backoff runs out."""
+        """Releases refused for good: warn once per refusal (rate-limited Events)."""
         c = self.c
         for r in refused:
             entry = c.blocked.get(r.pod.uid)
@@ -139,22 +138,19 @@ class Notices:
             if c.metrics is not None:
                 c.metrics.observe_release_blocked(str(rt.kind))
             c.event_for(key, WARNING, RELEASE_BLOCKED, f"pod {r.pod.name}: {reason}")
-        c.queue.add(key)
-        wait = c.blocked.next_retry(r.pod.uid for r in refused)
-        if wait is not None:
-            c.queue.add_after(key, max(wait, 0.01))
 
     # -- another releaser ----------------------------------------------------------------------
 
-    def foreign_release(self, pod: PodView, rt: KindRuntime) -> None:
-        """Our gate was removed from ``pod`` by another writer: warn, count, maybe stand down."""
+    def foreign_release(self, pod: PodView, rt: KindRuntime, first: bool) -> None:
+        """Our gate was removed from ``pod`` by another writer: warn, count, maybe stand down;
+        ``first``: the ledger had not noted it yet (it is reported once per pod, whichever
+        watch or refused patch shows it again)."""
         c = self.c
         if self.on_foreign_release is not None:
             self.on_foreign_release(pod)
         gate = rt.gate
-        if pod.uid in c.foreign_seen:
-            return  # once per pod, whichever watch or refused patch shows it again
-        c.foreign_seen.add(pod.uid)
+        if not first:
+            return
         c.stats.foreign_releases += 1
         if c.metrics is not None:
             c.metrics.observe_foreign_release()
@@ -204,18 +200,18 @@ class Notices:
             if resume is not None:
                 c.queue.add_after(key, wait + 0.01)  # and look again when it may resume
 
-    def stand_up_if_due(self, rt: KindRuntime, key: OwnerKey) -> None:
+    def stand_up_if_due(self, rt: KindRuntime) -> float | None:
         """A kind that stood down releases again once no other writer has removed its gate for
-        ``standDown.resumeAfterSeconds``; until then, ``key`` is looked at again when it may."""
+        ``standDown.resumeAfterSeconds``; until then, the seconds left (the owner at hand is
+        looked at again then). Standing up queues every owner of the kind, as an event would."""
         c = self.c
         kind = str(rt.kind)
         resume = c.stand_down.resume_at(kind)
         if resume is None:
-            return
+            return None
         wait = resume - c.stand_down.clock()
         if wait > 0:
-            c.queue.add_after(key, wait + 0.01)
-            return
+            return wait + 0.01
         c.stand_down.resume(kind)
         rt.stood_down = ""
         rt.mode = self.modes.current(rt).mode
@@ -231,6 +227,7 @@ class Notices:
             if o is not None and o.group_kind == rt.kind:
                 c.auditor.forget(k)
                 c.queue.add(k)
+        return None
 
     def startup(self) -> None:
         """Say which kinds audit for want of a guard (``mode: auto``), and warn for each explicit

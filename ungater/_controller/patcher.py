@@ -12,45 +12,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 import anyio
 
 from ungater._controller.notices import Notices
-from ungater._controller.state import KindRuntime, State, resource_version_number
+from ungater._controller.state import KindRuntime, State
 from ungater._decide.decision import Release
+from ungater._decide.freshness import version_number
 from ungater._decide.indexes import OwnerKey
 from ungater._decide.patches import release_patch, resend
-from ungater._decide.refusals import (
-    BLOCKED,
-    CONFLICT,
-    ERROR,
-    GONE,
-    classify_patch_error,
-    server_message,
-)
+from ungater._decide.refusals import PatchOutcome, classify_patch_error, server_message
 from ungater._kube.client import PODS, ApiError
 from ungater._model.views import MalformedObject, PodView, parse_pod
 
-__all__ = [
-    "BLOCKED",
-    "CONFLICT",
-    "DELETING",
-    "ERROR",
-    "GONE",
-    "RELEASED",
-    "SKIPPED",
-    "STALE",
-    "Patcher",
-]
+__all__ = ["Patcher"]
 
 log = logging.getLogger("ungater.controller")  # one logger for the controller's parts
-
-# outcomes beside the refusals named by ungater._decide.refusals (gone, conflict, blocked, error)
-RELEASED = "released"
-DELETING = "deleting"  # it landed on a pod already being deleted
-SKIPPED = "skipped"
-STALE = "stale"  # not sent: the caches moved since the decision (decide again)
 
 
 class Patcher:
@@ -67,13 +44,13 @@ class Patcher:
         rt: KindRuntime | None = None,
         unchanged: Callable[[], bool] = lambda: True,
         key: OwnerKey | None = None,
-    ) -> dict[str, str]:
+    ) -> dict[str, PatchOutcome]:
         """Patch every pod of ``releases`` (bounded concurrency); the outcome per pod UID.
         Each patch not yet sent is skipped once ``rt`` (the owner's kind) stops releasing; a
         patch is sent (and a refused one resent) only while ``unchanged()`` says the decision's
         other inputs are as they were (the owner, its slices, no shrink since). ``key``, the
         owner's, names the patches in the trace (``logging.trace``)."""
-        outcomes: dict[str, str] = {}
+        outcomes: dict[str, PatchOutcome] = {}
         trace = self.s.trace
         if trace.on:
             trace.point("release_all", key, pods=len(releases))
@@ -81,12 +58,14 @@ class Patcher:
         async def one(r: Release) -> None:
             async with self._slots:
                 if rt is not None and rt.mode != "release":
-                    outcomes[r.pod.uid] = SKIPPED  # switched to audit since the decision
+                    outcomes[r.pod.uid] = (
+                        PatchOutcome.SKIPPED
+                    )  # switched to audit since the decision
                     return
                 if not unchanged():  # waited for a slot while the caches moved: a send now
-                    outcomes[r.pod.uid] = STALE  # would be an old decision
+                    outcomes[r.pod.uid] = PatchOutcome.STALE  # would be an old decision
                     if self.s.metrics is not None:
-                        self.s.metrics.observe_patch(STALE)
+                        self.s.metrics.observe_patch(PatchOutcome.STALE)
                     return
                 if trace.on:
                     trace.point("patch_sent", key, pod=r.pod.uid)
@@ -99,9 +78,11 @@ class Patcher:
                 tg.start_soon(one, r)
         return outcomes
 
-    async def release(self, r: Release, unchanged: Callable[[], bool] = lambda: True) -> str:
+    async def release(
+        self, r: Release, unchanged: Callable[[], bool] = lambda: True
+    ) -> PatchOutcome:
         outcome = await self._send(r)
-        if outcome == CONFLICT:
+        if outcome == PatchOutcome.CONFLICT:
             again = await self._resendable(r)
             if again is not None and not unchanged():
                 again = None  # the caches moved since the decision: decide again instead
@@ -126,61 +107,60 @@ class Patcher:
         if again is None:
             self._refused_at[r.pod.uid] = fresh
             return None
-        u = s.uncertain.get(r.pod.uid)
-        if u is not None:  # the refused patch never lands; the one resent may
-            s.uncertain[r.pod.uid] = replace(u, resource_version=fresh.resource_version)
+        s.ledger.resent(r.pod.uid, fresh.resource_version)
         return again
 
-    async def _send(self, r: Release) -> str:
+    async def _send(self, r: Release) -> PatchOutcome:
         outcome = await self._release_once(r)
         if self.s.metrics is not None:
             self.s.metrics.observe_patch(outcome)
         return outcome
 
-    async def _release_once(self, r: Release) -> str:
+    async def _release_once(self, r: Release) -> PatchOutcome:
         s = self.s
         if not s.leading():
-            return SKIPPED  # leadership lost since the decision: act no more
+            return PatchOutcome.SKIPPED  # leadership lost since the decision: act no more
         try:
             patched = await s.client.json_patch(PODS, r.pod.namespace, r.pod.name, release_patch(r))
         except ApiError as exc:
             outcome = classify_patch_error(exc.status, exc.reason, exc.body)
-            if outcome == GONE:
+            if outcome == PatchOutcome.GONE:
                 s.stats.patch_gone += 1
-                return GONE
-            if outcome == BLOCKED:
+                return PatchOutcome.GONE
+            if outcome == PatchOutcome.BLOCKED:
                 s.stats.patch_blocked += 1
                 message = server_message(exc.reason, exc.body)
                 s.blocked.record(r.pod.uid, r.pod.namespace, r.pod.name, exc.status, message)
-                return BLOCKED
-            if outcome == CONFLICT:
+                return PatchOutcome.BLOCKED
+            if outcome == PatchOutcome.CONFLICT:
                 s.stats.patch_conflicts += 1
                 log.info(
                     "pod %s/%s changed under us (%s); re-deciding", r.pod.namespace, r.pod.name, exc
                 )
-                return CONFLICT
+                return PatchOutcome.CONFLICT
             s.stats.patch_errors += 1
             log.warning("patching pod %s/%s failed: %s", r.pod.namespace, r.pod.name, exc)
-            return ERROR
+            return PatchOutcome.ERROR
         except (OSError, TimeoutError) as exc:
             s.stats.patch_errors += 1
             log.warning("patching pod %s/%s failed: %r", r.pod.namespace, r.pod.name, exc)
-            return ERROR
+            return PatchOutcome.ERROR
         meta = (patched or {}).get("metadata") or {}
-        written = resource_version_number(str(meta.get("resourceVersion") or ""))
+        written = version_number(str(meta.get("resourceVersion") or ""))
         if written is not None:
             s.ledger.wrote(r.pod.uid, written)  # the gate is gone from here on, by our hand
         if meta.get("deletionTimestamp"):
             # the gate is gone, but so is the pod: a terminating pod runs nothing and frees
             # its slot, so this is no release (not counted, logged or announced)
             s.stats.released_deleting += 1
-            return DELETING
-        return RELEASED
+            return PatchOutcome.DELETING
+        return PatchOutcome.RELEASED
 
     async def check_foreign_release(self, r: Release, rt: KindRuntime) -> None:
         """Our guarded patch was refused: if the gate is gone, another writer released the pod."""
         view = self._refused_at.pop(r.pod.uid, None)
-        if r.pod.uid in self.s.foreign_seen or r.pod.uid in self.s.written:
+        ledger = self.s.ledger
+        if ledger.known_released(r.pod.uid):
             return  # reported already, or the gate went by an earlier write of ours
         if view is None:
             fresh = await self.s.client.get(PODS, r.pod.namespace, r.pod.name)
@@ -188,4 +168,4 @@ class Patcher:
                 return
             view = parse_pod(fresh)
         if view.uid == r.pod.uid and not view.has_gate(r.gate):
-            self.notices.foreign_release(view, rt)
+            self.notices.foreign_release(view, rt, ledger.foreign(view.uid))

@@ -99,6 +99,10 @@ class WorkQueue(Generic[K]):
     def forget(self, key: K) -> None:
         self._failures.pop(key, None)
 
+    def remembered(self) -> int:
+        """Keys with a backoff count or a timer: what must go once their owners are gone."""
+        return len(self._failures) + len(self._timers)
+
     def failures(self, key: K) -> int:
         return self._failures.get(key, 0)
 

@@ -8,31 +8,29 @@ only say whether a release may be due, and every release is decided on the view 
 (the pods, then every bound read from the API server after them). In audit mode it compares
 instead of patching. Patch requests and their outcomes are
 ``patcher.py``'s; what the operator is told, ``notices.py``'s.
+
+A reconcile returns its ``Outcome`` (the decision, when to look again, whether to back off)
+and never touches the work queue: the worker does (``controller.py``), as controller-runtime's
+does with a ``Result``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from enum import StrEnum
 
 from ungater._controller.notices import Notices
-from ungater._controller.patcher import (
-    BLOCKED,
-    CONFLICT,
-    DELETING,
-    ERROR,
-    GONE,
-    SKIPPED,
-    STALE,
-    Patcher,
-)
-from ungater._controller.patcher import RELEASED as PATCH_RELEASED
-from ungater._controller.settling import Settler
-from ungater._controller.state import KindRuntime, State, resource_version_number
-from ungater._controller.view import Bounds, PodSnapshot, ViewReader
+from ungater._controller.patcher import Patcher
+from ungater._controller.settling import UNSETTLED_RETRY_SECONDS, Settler
+from ungater._controller.state import KindRuntime, State
+from ungater._controller.view import Bounds, BoundsMoving, PodSnapshot, ViewReader
 from ungater._decide.assess import owner_facts_of, owner_of, pod_facts, via_objects
 from ungater._decide.decision import Decision, PodFacts, Release, active_slice, decide
+from ungater._decide.freshness import version_number
 from ungater._decide.indexes import OwnerKey
+from ungater._decide.refusals import PatchOutcome
 from ungater._model.views import (
     ADMITTED,
     ObjectRef,
@@ -42,17 +40,34 @@ from ungater._model.views import (
 from ungater._observe.events import NORMAL, RELEASED, InvolvedObject, released_message
 from ungater._observe.metrics import seconds_since
 
-__all__ = ["Changed", "PatchesFailed", "Reconciler"]
+__all__ = ["Outcome", "Reconciler", "Retry"]
 
 log = logging.getLogger("ungater.controller")  # one logger for the controller's parts
 
 
-class Changed(Exception):
-    """Pods changed under our patches (gone, or our guarded patch refused): retry later."""
+class Retry(StrEnum):
+    """Why the worker retries an owner with its per-key backoff (the values are the ``result``
+    label of ``ungater_reconcile_total``)."""
+
+    CHANGED = "conflict"  # pods changed under our patches (gone, or our guarded patch refused)
+    MOVING = "moving"  # the bounds kept changing while read (view.BoundsMoving)
+    FAILED = "error"  # patches whose outcome is unknown (a timeout, a 5xx)
 
 
-class PatchesFailed(RuntimeError):
-    """Patches whose outcome is unknown (a timeout, a 5xx): retry with backoff."""
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one reconcile asks of the worker: ``after`` seconds, look at the owner again
+    (0: at once); ``retry``, back off per key before the next try."""
+
+    decision: Decision | None = None
+    after: float | None = None
+    retry: Retry | None = None
+
+    def sooner(self, after: float | None) -> Outcome:
+        """The same, looked at again by ``after`` at the latest."""
+        if after is None or (self.after is not None and self.after <= after):
+            return self
+        return replace(self, after=max(after, 0.0))
 
 
 class Reconciler:
@@ -66,78 +81,82 @@ class Reconciler:
         #: between): what tests and tools watch the controller decide through.
         self.on_decision: Callable[[OwnerKey, Decision], None] | None = None
 
-    async def reconcile(self, key: OwnerKey) -> Decision | None:
+    async def reconcile(self, key: OwnerKey) -> Outcome:
         """Decide for one owner and release what the decision chose."""
         trace = self.s.trace
         if not trace.on:
             return await self._reconcile(key)
         trace.point("reconcile_start", key)
-        outcome = "cancelled"
+        label = "cancelled"
         try:
-            decision = await self._reconcile(key)
-            outcome = "none" if decision is None else "decided"
-            return decision
-        except Exception as exc:  # Changed, PatchesFailed, an API error: the worker's to handle
-            outcome = type(exc).__name__
+            outcome = await self._reconcile(key)
+            label = outcome.retry or ("none" if outcome.decision is None else "decided")
+            return outcome
+        except Exception as exc:  # an API error, a plugin's: the worker's to handle
+            label = type(exc).__name__
             raise
         finally:
-            trace.point("reconcile_end", key, outcome=outcome)
+            trace.point("reconcile_end", key, outcome=label)
 
-    async def _reconcile(self, key: OwnerKey) -> Decision | None:
+    async def _reconcile(self, key: OwnerKey) -> Outcome:
         s = self.s
         s.stats.reconciles += 1
         slices = s.workloads.for_owner(key.uid)
         if not slices:
-            s.expectations.forget_key(key)
-            s.decisions.pop(key, None)
-            s.auditor.forget(key)
-            self.notices.forget(key)
-            return None
+            s.forget_owner(key)
+            return Outcome()
         owner = owner_of(slices)
         rt = s.kinds.get(owner.group_kind) if owner else None
         if owner is None or rt is None:
-            return None
+            return Outcome()
+        later = Outcome()
         if rt.stood_down:
-            self.notices.stand_up_if_due(rt, key)
+            later = later.sooner(self.notices.stand_up_if_due(rt))
         if rt.mode == "audit":
-            return self._audit(key, rt, owner, slices)
-        if any(u.key == key for u in s.uncertain.values()):
-            await self.settler.settle_uncertain(key, rt)
-        if s.expectations.has_pending(key):
-            expired = s.expectations.expired(key)
+            decision, wait = self._audit(key, rt, owner, slices)
+            return replace(later, decision=decision).sooner(wait)
+        if s.ledger.uncertain_of(key) and not await self.settler.settle_uncertain(key, rt):
+            later = later.sooner(UNSETTLED_RETRY_SECONDS)  # still in flight: settle it soon
+        if s.ledger.expectations.has_pending(key):
+            expired = s.ledger.expectations.expired(key)
             if not expired:
-                wait = s.expectations.next_deadline(key) or 0.0
-                s.queue.add_after(key, max(wait, 0.01))
-                return None
-            await self.settler.settle_expired(key, rt, expired)
+                wait = s.ledger.expectations.next_deadline(key) or 0.0
+                return later.sooner(max(wait, 0.01))
+            if not await self.settler.settle_expired(key, rt, expired):
+                later = later.sooner(UNSETTLED_RETRY_SECONDS)  # one read failed: again soon
         if self._writes_unseen(key, rt):
             # a write of ours may have released a pod this view does not hold at all (one
             # released on a new term's quorum reads): the view cannot count it, so wait
-            deadline = s.expectations.next_deadline(key)
-            s.queue.add_after(key, max(deadline if deadline is not None else 1.0, 0.01))
-            return None
+            deadline = s.ledger.expectations.next_deadline(key)
+            return later.sooner(max(deadline if deadline is not None else 1.0, 0.01))
         cached = self._cached_view(key, rt, owner, slices)
-        decision = self._decide(key, rt, owner, cached, unbounded_if_uncached=True)
+        decision, retry = self._decide(key, rt, owner, cached, unbounded_if_uncached=True)
         if decision.releases:
             # the caches say a release is due: decide again on the view (view.py), the pods
             # first, then every bound read from the API server after them
             snapshot = cached[0]
             if s.freshness.unproven(key):  # a new term: the caches may lag the last leader
                 snapshot = await self.view.quorum_snapshot(key, rt, owner, self._in_flight(key))
-            bounds = await self.view.bounds(key, rt, owner, s.workloads.for_owner(key.uid))
+            try:
+                bounds = await self.view.bounds(key, rt, owner, s.workloads.for_owner(key.uid))
+            except BoundsMoving as exc:
+                log.info("%s; retrying with backoff", exc)
+                return replace(later, retry=Retry.MOVING)
             if bounds.gone:
-                return None
+                return later
             slices = list(bounds.slices)
-            decision = self._decide(key, rt, owner, (snapshot, bounds))
+            decision, retry = self._decide(key, rt, owner, (snapshot, bounds))
+        later = later.sooner(retry)  # a refused pod is tried again when its backoff runs out
         if s.trace.on:
             s.trace.point("decided", key, releases=len(decision.releases))
-        self.notices.stuck(key, decision)
+        later = later.sooner(self.notices.stuck(key, decision))
         s.decisions[key] = decision
         if decision.releases:
             if self.on_decision is not None:
                 self.on_decision(key, decision)
-            await self._release(key, rt, owner.name, decision, active_slice(slices))
-        return decision
+            released = await self._release(key, rt, owner.name, decision, active_slice(slices))
+            later = replace(later, retry=released.retry).sooner(released.after)
+        return replace(later, decision=decision)
 
     # -- deciding --------------------------------------------------------------------------------
 
@@ -148,7 +167,9 @@ class Reconciler:
 
         def of(pods: list[PodView]) -> frozenset[str]:
             return (
-                s.expectations.pending(key) | self._released_unseen(pods) | frozenset(s.uncertain)
+                s.ledger.expectations.pending(key)
+                | self._released_unseen(pods)
+                | s.ledger.uncertain_pods()
             )
 
         return of
@@ -160,11 +181,12 @@ class Reconciler:
         audit mode compares with (it patches nothing)."""
         s = self.s
         snapshot = self.view.snapshot(key, rt, owner, self._in_flight(key))
-        vias = via_objects(rt.handler, owner, s.objects_controlled_by(owner.uid))
+        vias = via_objects(rt.handler, owner, s.objects.controlled_by(owner.uid))
+        cached = s.owners.get(owner.uid)
         bounds = Bounds(
             tuple(slices),
-            s.owner_facts.get(owner.uid),
-            s.owner_errors.get(owner.uid, ""),
+            cached.facts if cached is not None else None,
+            cached.error if cached is not None else "",
             tuple(vias),
             gone=False,
         )
@@ -186,8 +208,9 @@ class Reconciler:
 
     def _audit(
         self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef, slices: list[WorkloadView]
-    ) -> Decision:
-        """Audit mode: the same decision, compared with the pods as they are; nothing patched."""
+    ) -> tuple[Decision, float | None]:
+        """Audit mode: the same decision, compared with the pods as they are; nothing patched.
+        Also when to look again (a finding that waits for a grace)."""
         s = self.s
         s.stalls.forget(key)  # an audited kind's stalls are the auditor's findings
         snapshot, bounds = self._cached_view(key, rt, owner, slices)
@@ -204,16 +227,14 @@ class Reconciler:
             s.workload_version,
         )
         s.decisions[key] = decision
-        if wait is not None:
-            s.queue.add_after(key, wait)
-        return decision
+        return decision, wait
 
     def _facts(
         self, rt: KindRuntime, owner: ObjectRef, snapshot: PodSnapshot, bounds: Bounds
     ) -> tuple[list[PodFacts], Mapping[str, int] | None]:
         """The plugin's facts of each pod of the view, and the owner's size per pod set."""
         owner_facts = owner_facts_of(rt.handler, bounds.owner_facts, list(bounds.vias))
-        facts = pod_facts(rt.handler, owner, snapshot.pods, self.s.objects, owner_facts)
+        facts = pod_facts(rt.handler, owner, snapshot.pods, self.s.objects.by_uid, owner_facts)
         desired = rt.handler.desired_counts(owner_facts) if owner_facts is not None else None
         return facts, desired
 
@@ -224,9 +245,10 @@ class Reconciler:
         owner: ObjectRef,
         view: tuple[PodSnapshot, Bounds],
         unbounded_if_uncached: bool = False,
-    ) -> Decision:
-        """The pure decision on one view. ``unbounded_if_uncached``: an owner the cache does
-        not hold yet does not stop the caches from asking for a view (the view reads it)."""
+    ) -> tuple[Decision, float | None]:
+        """The pure decision on one view, and when its first refused pod may be tried again.
+        ``unbounded_if_uncached``: an owner the cache does not hold yet does not stop the
+        caches from asking for a view (the view reads it)."""
         snapshot, bounds = view
         facts, desired = self._facts(rt, owner, snapshot, bounds)
         unknown = self._size_unknown(rt, owner, bounds)
@@ -235,11 +257,7 @@ class Reconciler:
         s = self.s
         blocked = s.blocked.waiting(f.pod.uid for f in facts)
         retry = s.blocked.next_retry(blocked)
-        if retry is not None:
-            # a refused pod is tried again when its backoff runs out, whatever earlier wake-up
-            # of this owner consumed the one the refusal set
-            s.queue.add_after(key, max(retry, 0.01))
-        return decide(
+        decision = decide(
             list(bounds.slices),
             facts,
             rt.gate,
@@ -249,6 +267,7 @@ class Reconciler:
             blocked=blocked,
             size_unknown=unknown,
         )
+        return decision, max(retry, 0.01) if retry is not None else None
 
     # -- views that may be stale -----------------------------------------------------------------
 
@@ -258,19 +277,20 @@ class Reconciler:
         it was when the decision was made: one that waited for a patch slot while a cache
         showed a change is decided again instead."""
         s = self.s
+        cached = s.owners.get(key.uid)
         return (
-            s.owner_rv.get(key.uid),
+            cached.resource_version if cached is not None else None,
             tuple((w.uid, w.resource_version) for w in s.workloads.for_owner(key.uid)),
-            tuple(sorted((o.uid, o.resource_version) for o in s.objects_controlled_by(key.uid))),
+            tuple(sorted((o.uid, o.resource_version) for o in s.objects.controlled_by(key.uid))),
         )
 
     def _writes_unseen(self, key: OwnerKey, rt: KindRuntime) -> bool:
         """Whether a release of ours for this owner, still in flight (expected or unanswered),
         is of a pod the deciding index does not hold: a decision would count it as nothing."""
         s, held = self.s, rt.pods.by_uid
-        pending = s.expectations.pending(key)
+        pending = s.ledger.expectations.pending(key)
         return any(uid not in held for uid in pending) or any(
-            u.key == key and uid not in held for uid, u in s.uncertain.items()
+            uid not in held for uid, _ in s.ledger.uncertain_of(key)
         )
 
     def _released_unseen(self, pods: list[PodView]) -> frozenset[str]:
@@ -284,9 +304,7 @@ class Reconciler:
         """
         ledger = self.s.ledger
         return frozenset(
-            p.uid
-            for p in pods
-            if ledger.released_unseen(p.uid, resource_version_number(p.resource_version))
+            p.uid for p in pods if ledger.released_unseen(p.uid, version_number(p.resource_version))
         )
 
     # -- releasing -------------------------------------------------------------------------------
@@ -298,8 +316,11 @@ class Reconciler:
         owner_name: str,
         decision: Decision,
         active: WorkloadView | None,
-    ) -> None:
-        """Expect the chosen pods, patch them, and act on each outcome."""
+    ) -> Outcome:
+        """Expect the chosen pods, patch them, and act on each outcome: what the worker is to
+        do next (back off when a patch failed or the pods changed; when one was refused for
+        good, decide again at once, since the next pod in order may take its slot, and again
+        when its backoff runs out)."""
         s = self.s
         releases = decision.releases
         # expected in this kind's view, and uncertain until each request's answer says otherwise
@@ -318,46 +339,55 @@ class Reconciler:
         waits: list[float] = []  # since each released pod became releasable
         refused: list[Release] = []
         for r in releases:
-            outcome = outcomes.get(r.pod.uid, ERROR)
-            if outcome != ERROR:
-                s.uncertain.pop(r.pod.uid, None)  # answered: we know what became of it
-            if outcome == PATCH_RELEASED:
+            outcome = outcomes.get(r.pod.uid, PatchOutcome.ERROR)
+            if outcome != PatchOutcome.ERROR:
+                s.ledger.answered(r.pod.uid)  # answered: we know what became of it
+            if outcome == PatchOutcome.RELEASED:
                 s.stats.released += 1
                 s.blocked.clear(r.pod.uid)
                 released.append(r)
                 waited = s.releasable.waited(key, r.pod.uid)
                 if waited is not None:
                     waits.append(waited)
-            elif outcome == DELETING:
+            elif outcome == PatchOutcome.DELETING:
                 # ours, but no release: keep it among our pods (its watch event must not look
                 # like someone else's release) and re-decide; the expectation stays until the
                 # deciding view shows the pod terminating, or a re-decision on the older view
                 # (still gated, live) patches it again and reads its own write as foreign
                 retry = True
-            elif outcome == BLOCKED:
-                s.expectations.observe(r.pod.uid)  # refused: nothing of ours in flight
+            elif outcome == PatchOutcome.BLOCKED:
+                s.ledger.expectations.observe(r.pod.uid)  # refused: nothing of ours in flight
                 s.ledger.not_mine(r.pod.uid)
                 refused.append(r)
-            elif outcome in (GONE, CONFLICT, SKIPPED, STALE):
-                s.expectations.observe(r.pod.uid)  # nothing of ours is in flight there
+            elif outcome in (
+                PatchOutcome.GONE,
+                PatchOutcome.CONFLICT,
+                PatchOutcome.SKIPPED,
+                PatchOutcome.STALE,
+            ):
+                s.ledger.expectations.observe(r.pod.uid)  # nothing of ours is in flight there
                 s.ledger.not_mine(r.pod.uid)
-                if outcome == CONFLICT:
+                if outcome == PatchOutcome.CONFLICT:
                     await self.patcher.check_foreign_release(r, rt)
-                retry = retry or outcome != SKIPPED
+                retry = retry or outcome != PatchOutcome.SKIPPED
             else:
                 # unknown outcome: the patch may have landed, or may still land; it stays
                 # uncertain (in flight) until the next reconcile settles it (settling.py)
                 failed += 1
-                s.expectations.observe(r.pod.uid)
+                s.ledger.expectations.observe(r.pod.uid)
         self._announce(key, rt, owner_name, decision, active, released, waits)
+        out = Outcome()
         if refused:
             self.notices.blocked(key, rt, refused)
+            out = Outcome(after=0.0)  # that decision sets the wake-up for the backoff's end
         if failed:
-            raise PatchesFailed(f"{failed} patch(es) failed for {key}")
+            log.warning("%s: %d patch(es) failed; retrying with backoff", s.describe(key), failed)
+            return replace(out, retry=Retry.FAILED)
         if retry:
             # the cache was behind the server: re-decide, but back off per key, so that a
             # lagging watch cannot turn into a hot loop of refused patches
-            raise Changed(key)
+            return replace(out, retry=Retry.CHANGED)
+        return out
 
     def _announce(
         self,

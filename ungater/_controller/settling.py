@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 
-from ungater._controller.state import KindRuntime, State, Uncertain, resource_version_number
+from ungater._controller.state import KindRuntime, State
+from ungater._decide.freshness import version_number
 from ungater._decide.indexes import OwnerKey
+from ungater._decide.ledger import Uncertain
 from ungater._decide.patches import fence_patch
 from ungater._kube.client import PODS, ApiError
 from ungater._model.views import MalformedObject, parse_pod
@@ -27,19 +29,19 @@ class Settler:
     def __init__(self, state: State) -> None:
         self.s = state
 
-    async def settle_uncertain(self, key: OwnerKey, rt: KindRuntime) -> None:
+    async def settle_uncertain(self, key: OwnerKey, rt: KindRuntime) -> bool:
         """Settle each release of this owner whose outcome is unknown, for good: it counts as
         released until the server shows the pod at another version (the patch tests the one
-        it was decided on, so it can no longer land) or gone."""
+        it was decided on, so it can no longer land) or gone. False while one is unsettled
+        (still in flight: decide on that, and come back to settle it)."""
         s = self.s
         unsettled = 0
-        for uid, u in [(uid, u) for uid, u in s.uncertain.items() if u.key == key]:
+        for uid, u in s.ledger.uncertain_of(key):
             if await self.fence(key, rt, uid, u):
-                s.uncertain.pop(uid, None)
+                s.ledger.answered(uid)
             else:
                 unsettled += 1
-        if unsettled:  # still in flight: decide on that, and come back to settle it
-            s.queue.add_after(key, UNSETTLED_RETRY_SECONDS)
+        return not unsettled
 
     async def fence(self, key: OwnerKey, rt: KindRuntime, uid: str, u: Uncertain) -> bool:
         """True once the release sent as ``u`` can never land (and, if it did, it is counted)."""
@@ -53,15 +55,15 @@ class Settler:
             if obj is None or (obj.get("metadata") or {}).get("uid") != uid:
                 # gone (a pod of the same name is not at the tested version); the release may
                 # have landed first, and a lagging watch may still show it: not someone else's
-                s.went(uid)
+                s.ledger.went(uid)
                 return True
             view = parse_pod(obj)
             if view.resource_version != u.resource_version:
                 if not view.has_gate(rt.gate) and not view.terminal and not view.deleting:
                     # released, by that patch or another writer: counted until seen
-                    s.expectations.expect(key, [uid], rt.kind)
+                    s.ledger.expectations.expect(key, [uid], rt.kind)
                     s.ledger.mine(uid, u.namespace, u.name)
-                    written = resource_version_number(view.resource_version)
+                    written = version_number(view.resource_version)
                     if written is not None:
                         s.ledger.wrote(uid, written)
                 return True
@@ -72,7 +74,7 @@ class Settler:
                 await s.client.json_patch(PODS, u.namespace, u.name, fence)
             except ApiError as exc:
                 if exc.status == 404:
-                    s.went(uid)  # gone since the read: as above
+                    s.ledger.went(uid)  # gone since the read: as above
                     return True
                 if exc.status in (409, 422):
                     continue  # it changed under the fence: look again
@@ -86,16 +88,16 @@ class Settler:
             return True
         return False
 
-    async def settle_expired(self, key: OwnerKey, rt: KindRuntime, uids: frozenset[str]) -> None:
+    async def settle_expired(self, key: OwnerKey, rt: KindRuntime, uids: frozenset[str]) -> bool:
         """The watch has not shown our patches in time: ask the API server for the truth.
 
         A pod that is released keeps counting as in flight (re-armed) until the cache catches up;
         one that is gone or still gated no longer does. A pod whose read fails keeps its
         expectation, expired, so it still counts and is settled again at the owner's next turn
-        (soon: the owner is queued again): only an answer may drop it.
+        (soon: False says one was not read): only an answer may drop it.
         """
         s = self.s
-        s.expectations.expired_total += len(uids)
+        s.ledger.expectations.expired_total += len(uids)
         unread = 0
         for uid in uids:
             pod = rt.pods.by_uid.get(uid)
@@ -103,7 +105,7 @@ class Settler:
             # read all the same: dropping its expectation unread would count it as nothing
             where = (pod.namespace, pod.name) if pod is not None else s.ledger.locate(uid)
             if where is None:
-                s.expectations.observe(uid)
+                s.ledger.expectations.observe(uid)
                 continue
             try:
                 fresh = await s.client.get(PODS, *where)
@@ -111,7 +113,7 @@ class Settler:
                 log.warning("pod %s/%s: cannot settle an expectation yet: %r", *where, exc)
                 unread += 1
                 continue
-            s.expectations.observe(uid)
+            s.ledger.expectations.observe(uid)
             if fresh is None or (fresh.get("metadata") or {}).get("uid") != uid:
                 if pod is None and not any(uid in k.pods.by_uid for k in s.kinds.values()):
                     s.forget_pod(uid)  # gone before any cache held it: nothing to count
@@ -121,12 +123,11 @@ class Settler:
             except MalformedObject:
                 continue
             if not view.has_gate(rt.gate) and not view.terminal and not view.deleting:
-                s.expectations.expect(key, [uid], rt.kind)
-        if unread:
-            s.queue.add_after(key, UNSETTLED_RETRY_SECONDS)
+                s.ledger.expectations.expect(key, [uid], rt.kind)
         log.warning(
             "%s: %d expectation(s) expired; %d settled from the API server",
             s.describe(key),
             len(uids),
             len(uids) - unread,
         )
+        return not unread

@@ -18,11 +18,18 @@ import anyio
 from ungater._controller.queue import WorkQueue
 from ungater._decide.assess import owner_of
 from ungater._decide.decision import Decision, active_slice, gated_by_reason, order_slices
-from ungater._decide.expectations import Expectations
 from ungater._decide.findings import FINDINGS
-from ungater._decide.freshness import Freshness, version_number
-from ungater._decide.indexes import OwnerKey, PodIndex, WorkloadIndex, ancestors
-from ungater._decide.ledger import GONE_REMEMBERED, Ledger, Uncertain
+from ungater._decide.freshness import Freshness
+from ungater._decide.indexes import (
+    ObjectIndex,
+    OwnerFacts,
+    OwnerIndex,
+    OwnerKey,
+    PodIndex,
+    WorkloadIndex,
+    ancestors,
+)
+from ungater._decide.ledger import Ledger
 from ungater._decide.refusals import BlockedReleases
 from ungater._decide.releasable import ReleasableClock, Stalls
 from ungater._decide.standdown import StandDown
@@ -38,15 +45,7 @@ from ungater._observe.metrics import Metrics
 from ungater._observe.trace import Tracer
 from ungater._plugins.registry import KindHandler, PluginError
 
-__all__ = [
-    "GONE_REMEMBERED",
-    "KindRuntime",
-    "OwnerFacts",
-    "State",
-    "Stats",
-    "Uncertain",
-    "resource_version_number",
-]
+__all__ = ["KindRuntime", "State", "Stats"]
 
 log = logging.getLogger("ungater.controller")  # one logger for the controller's parts
 
@@ -68,18 +67,6 @@ class KindRuntime:
     @property
     def kind(self) -> Kind:
         return self.handler.kind
-
-
-@dataclass(frozen=True, slots=True)
-class OwnerFacts:
-    """What a plugin extracted from an owner object, kept instead of the object; ``error``
-    when the plugin could not read it (the owner's size is then unknown: nothing is released)."""
-
-    namespace: str
-    uid: str
-    facts: dict[str, Any]
-    resource_version: str = ""
-    error: str = ""
 
 
 @dataclass
@@ -105,9 +92,6 @@ class Stats:
         return ", ".join(c for c in counts if not c.endswith("=0")) or "nothing done"
 
 
-resource_version_number = version_number
-
-
 class State:
     def __init__(
         self,
@@ -130,17 +114,15 @@ class State:
         self.workload_version = ""
         # caches, filled by the event handlers
         self.workloads = WorkloadIndex()
-        self.objects: dict[str, ObjectView] = {}  # intermediate owners by UID
-        self.controlled: dict[str, set[str]] = {}  # controller UID -> cached objects it controls
-        self.owner_facts: dict[str, dict[str, Any]] = {}
-        self.owner_errors: dict[str, str] = {}  # owner UID -> why its plugin cannot read it
+        self.objects = ObjectIndex()  # intermediate objects, by UID and by controller
+        self.owners = OwnerIndex()  # each owner's facts, as its plugin read them
         self.trace = Tracer(config.logging.trace)  # each owner's path, when logging.trace
         self.queue: WorkQueue[OwnerKey] = WorkQueue(trace=self.trace)
         # what we know of writes to our pods' gates, ours and others' (ungater._decide.ledger)
         self.ledger = Ledger(config.expectations_timeout_seconds, clock)
         self.decisions: dict[OwnerKey, Decision] = {}  # each owner's last decision
         # whether a new term may trust its caches (ungater._decide.freshness): the term's
-        # start, the owners proven in it, and the owners' cached versions
+        # start and the owners proven in it
         self.freshness = Freshness()
         rb = config.release_blocked
         self.blocked = BlockedReleases(  # releases refused for good, per pod
@@ -153,58 +135,44 @@ class State:
         self.guard = GateGuard(  # is each gate guarded against the other releaser?
             client, (rt.gate for rt in kinds.values()), config.policy_check_interval_seconds
         )
+        #: other parts' per-owner records, each dropped by ``forget_owner``
+        self.forgetters: list[Callable[[OwnerKey], None]] = []
         self.fatal_error = ""  # set when the process must end (standDown.action: exit)
         self.stop: anyio.Event | None = None  # the controller's stop, once it runs
-
-    # -- the ledger's parts, by the names the controller's parts use ---------------------------
-
-    @property
-    def owner_rv(self) -> dict[str, int]:
-        return self.freshness.owner_rv
-
-    @property
-    def term_rv(self) -> int:
-        return self.freshness.term_rv
-
-    @property
-    def proven(self) -> set[OwnerKey] | None:
-        return self.freshness.proven
-
-    @proven.setter
-    def proven(self, value: set[OwnerKey] | None) -> None:
-        self.freshness.proven = value
-
-    @property
-    def expectations(self) -> Expectations:
-        return self.ledger.expectations
-
-    @property
-    def ours(self) -> set[str]:
-        return self.ledger.ours
-
-    @property
-    def written(self) -> dict[str, int]:
-        return self.ledger.written
-
-    @property
-    def foreign_seen(self) -> set[str]:
-        return self.ledger.foreign_seen
-
-    @property
-    def gone(self) -> dict[str, None]:
-        return self.ledger.gone
-
-    @property
-    def uncertain(self) -> dict[str, Uncertain]:
-        return self.ledger.uncertain
 
     def forget_pod(self, uid: str) -> None:
         """A pod no view holds any more: drop what we kept about it, remember that it went."""
         self.ledger.forget_pod(uid)
         self.releasable.pod_gone(uid)
 
-    def went(self, uid: str) -> None:
-        self.ledger.went(uid)
+    def forget_owner(self, key: OwnerKey) -> None:
+        """An owner no Workload names any more: drop every record kept about it, here and in
+        the parts that registered one (``forgetters``)."""
+        self.ledger.expectations.forget_key(key)
+        self.decisions.pop(key, None)
+        self.auditor.forget(key)
+        self.stalls.forget(key)
+        self.releasable.owner_gone(key)
+        for forget in self.forgetters:
+            forget(key)
+
+    def memory(self) -> dict[str, int]:
+        """How many entries each per-owner and per-pod record holds, by name: what must fall
+        back to nothing once every owner is gone (``ledger``'s ``gone`` is bounded)."""
+        out = {
+            "workloads": len(self.workloads),
+            "pods": sum(len(rt.pods) for rt in self.kinds.values()),
+            "owners": len(self.owners),
+            **self.objects.sizes(),
+            "decisions": len(self.decisions),
+            "releasable": len(self.releasable),
+            "blocked": len(self.blocked),
+            "stalls": len(self.stalls),
+            "audited": len(self.auditor.tracker),
+            "queue": self.queue.remembered(),
+        }
+        out.update({k: v for k, v in self.ledger.sizes().items() if k != "gone"})
+        return out
 
     def describe(self, key: OwnerKey) -> str:
         """The owner as a person reads it, ``Job.batch team-a/train``, for log lines (a UID
@@ -222,9 +190,11 @@ class State:
         """The owners with Workloads above an object whose controller is ``controller_uid``."""
         if controller_uid is None:
             return []
-        obj = self.objects.get(controller_uid)
+        obj = self.objects.by_uid.get(controller_uid)
         uids = (
-            [controller_uid, *ancestors(obj.controller, self.objects)] if obj else [controller_uid]
+            [controller_uid, *ancestors(obj.controller, self.objects.by_uid)]
+            if obj
+            else [controller_uid]
         )
         return [OwnerKey(namespace, uid) for uid in uids if self.workloads.has_owner(uid)]
 
@@ -240,32 +210,7 @@ class State:
             InvolvedObject.workload(wl, self.workload_version), type_, reason, message
         )
 
-    # -- intermediate objects, indexed by their controller ---------------------------------------
-
-    def keep_object(self, view: ObjectView) -> None:
-        """Cache an intermediate object, unless a fresh read already gave a newer version."""
-        held = self.objects.get(view.uid)
-        if held is not None:
-            new, old = (resource_version_number(v.resource_version) for v in (view, held))
-            if new is not None and old is not None and new < old:
-                return
-            self.forget_object(held)
-        self.objects[view.uid] = view
-        if view.controller is not None:
-            self.controlled.setdefault(view.controller.uid, set()).add(view.uid)
-
-    def forget_object(self, view: ObjectView) -> None:
-        held = self.objects.pop(view.uid, None)
-        ctrl = held.controller if held is not None else None
-        if ctrl is not None and ctrl.uid in self.controlled:
-            self.controlled[ctrl.uid].discard(view.uid)
-            if not self.controlled[ctrl.uid]:
-                del self.controlled[ctrl.uid]
-
-    def objects_controlled_by(self, uid: str) -> list[ObjectView]:
-        return [self.objects[u] for u in self.controlled.get(uid, ())]
-
-    # -- owner objects: the plugin's facts and the resourceVersion they were read at ----------
+    # -- reading owners through their plugin ----------------------------------------------------
 
     def parse_owner(self, rt: KindRuntime, obj: Mapping[str, Any]) -> OwnerFacts:
         meta = obj.get("metadata") or {}
@@ -299,22 +244,6 @@ class State:
             self._plugin_error(exc, f"{view.namespace}/{view.name}")
             return replace(view, facts={}, facts_error=str(exc))
         return replace(view, facts=dict(facts))
-
-    def keep_owner(self, view: OwnerFacts) -> None:
-        rv = resource_version_number(view.resource_version)
-        if rv is not None and rv < self.owner_rv.get(view.uid, -1):
-            return  # a fresh read already gave us something newer than this event
-        self.owner_facts[view.uid] = view.facts
-        self.owner_rv[view.uid] = rv if rv is not None else -1
-        if view.error:
-            self.owner_errors[view.uid] = view.error
-        else:
-            self.owner_errors.pop(view.uid, None)
-
-    def forget_owner(self, view: OwnerFacts) -> None:
-        self.owner_facts.pop(view.uid, None)
-        self.owner_rv.pop(view.uid, None)
-        self.owner_errors.pop(view.uid, None)
 
     # -- figures ---------------------------------------------------------------------------------
 
@@ -356,8 +285,8 @@ class State:
             queue_depth=self.queue.depth,
             queue_adds=self.queue.adds,
             queue_retries=self.queue.retries,
-            expectations_pending=len(self.expectations),
-            expectations_expired=self.expectations.expired_total,
+            expectations_pending=len(self.ledger.expectations),
+            expectations_expired=self.ledger.expectations.expired_total,
             release_blocked=len(self.blocked),
             watches=totals,
             cached_workloads=len(self.workloads),

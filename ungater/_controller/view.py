@@ -28,6 +28,7 @@ import anyio
 from ungater._controller.state import KindRuntime, State
 from ungater._decide.assess import pod_selectors, via_objects
 from ungater._decide.decision import live_slices
+from ungater._decide.freshness import version_number
 from ungater._decide.indexes import OwnerKey
 from ungater._kube.client import PODS, Resource, selector_text
 from ungater._kube.kueue import workload_resource
@@ -83,7 +84,7 @@ class ViewReader:
     # -- 1. the pods -----------------------------------------------------------------------------
 
     def cached_pods(self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef) -> list[PodView]:
-        vias = via_objects(rt.handler, owner, self.s.objects_controlled_by(owner.uid))
+        vias = via_objects(rt.handler, owner, self.s.objects.controlled_by(owner.uid))
         return [
             p
             for selector in pod_selectors(rt.handler, owner, vias)
@@ -107,7 +108,7 @@ class ViewReader:
         """
         s = self.s
         before = in_flight(self.cached_pods(key, rt, owner))
-        vias = via_objects(rt.handler, owner, s.objects_controlled_by(owner.uid))
+        vias = via_objects(rt.handler, owner, s.objects.controlled_by(owner.uid))
         fresh: dict[str, PodView] = {}
         cached: dict[str, PodView] = {}
         for selector in pod_selectors(rt.handler, owner, vias):
@@ -150,7 +151,7 @@ class ViewReader:
         changing (``SNAPSHOT_ROUNDS``).
         """
         live = live_slices(slices)
-        vias = via_objects(rt.handler, owner, self.s.objects_controlled_by(owner.uid))
+        vias = via_objects(rt.handler, owner, self.s.objects.controlled_by(owner.uid))
         first = await self._read_bounds(key, rt, owner, live, vias)
         for _ in range(SNAPSHOT_ROUNDS):
             again = await self._read_bounds(key, rt, owner, live, vias)
@@ -267,7 +268,5 @@ def _workload(obj: Mapping[str, Any] | None) -> WorkloadView | None:
 
 
 def _not_older(cached: PodView, fresh: PodView) -> bool:
-    from ungater._controller.state import resource_version_number
-
-    a, b = (resource_version_number(p.resource_version) for p in (cached, fresh))
+    a, b = (version_number(p.resource_version) for p in (cached, fresh))
     return a is not None and b is not None and a >= b

@@ -82,6 +82,10 @@ class FindingTracker:
         self._open.pop(key, None)
         self._releasable.pop(key, None)
 
+    def __len__(self) -> int:
+        """Owner keys with a record (open findings, or releasable pods being timed)."""
+        return len(self._open.keys() | self._releasable.keys())
+
     def findings(self, key: object | None = None) -> list[Finding]:
         """The reported open findings (of one owner key, or all)."""
         pools = [self._open.get(key, {})] if key is not None else list(self._open.values())

@@ -1,4 +1,4 @@
-"""Freshness: whether a new term may trust its caches, and the version each owner was cached at.
+"""Freshness: whether a new term may trust its caches.
 
 A new leader's caches may lag the previous leader's releases. ``term_rv`` is where this
 replica's term began (the Lease write), and ``proven`` the owners whose cached pods a quorum
@@ -7,7 +7,6 @@ unproven owner's release is decided on a quorum LIST of its pods (``view.quorum_
 not on the pod cache. ``term_start`` gives the term's start from the moment this replica leads,
 before its workers run, for telling the previous leader's releases from another writer's.
 
-``owner_rv`` is the version each cached owner was read at; a cache keeps the newer version.
 The comparisons assume an etcd-backed API server (increasing integers across all resources);
 where a version is not an integer nothing is compared. No I/O here.
 """
@@ -29,7 +28,6 @@ def version_number(resource_version: str) -> int | None:
 
 class Freshness:
     def __init__(self) -> None:
-        self.owner_rv: dict[str, int] = {}
         self.term_rv = 0
         self.proven: set[OwnerKey] | None = None  # None: no proof needed (no term changed)
         self.cache_versions: Callable[[], Iterable[str]] = lambda: ()

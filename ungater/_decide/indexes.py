@@ -1,9 +1,10 @@
-"""Indexed in-memory caches of Workloads, pods and intermediate owners.
+"""Indexed in-memory caches of Workloads, pods, owners and intermediate objects.
 
 Indexes make one reconcile cost O(pods of that owner): Workloads by their owner's UID, pods by
-(namespace, value of the kind's pod label), intermediate owners by UID. The cache also walks
-controller ownerReferences upwards, which both proves ownership and maps a pod event to the
-owner that must be reconciled.
+(namespace, value of the kind's pod label), owners' facts and intermediate objects by UID. The
+cache also walks controller ownerReferences upwards, which both proves ownership and maps a pod
+event to the owner that must be reconciled. Every index keeps the newer of two versions of an
+object (``older``): a relist never takes one back.
 """
 
 from __future__ import annotations
@@ -11,11 +12,22 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ungater._decide.decision import Ownership
 from ungater._model.views import Kind, ObjectRef, ObjectView, PodView, WorkloadView
 
-__all__ = ["ChainResult", "OwnerKey", "PodIndex", "WorkloadIndex", "resolve_chain"]
+__all__ = [
+    "ChainResult",
+    "ObjectIndex",
+    "OwnerFacts",
+    "OwnerIndex",
+    "OwnerKey",
+    "PodIndex",
+    "WorkloadIndex",
+    "older",
+    "resolve_chain",
+]
 
 MAX_CHAIN = 8  # Pod -> Job -> JobSet is two hops; LWS workers four; deeper is not ours
 
@@ -39,9 +51,13 @@ class WorkloadIndex:
         self._by_owner: dict[str, set[str]] = defaultdict(set)
 
     def on_change(self, old: WorkloadView | None, new: WorkloadView | None) -> None:
-        """Apply a watch event; an update older than the view held (a fresh read got ahead of
-        the watch) is ignored, so a quorum read is never undone by a late event."""
-        if new is not None and _older(new, self.by_uid.get(new.uid)):
+        """Apply a watch event; an update older than the view held is ignored."""
+        held = self.by_uid.get(new.uid) if new is not None else None
+        if (
+            new is not None
+            and held is not None
+            and older(new.resource_version, held.resource_version)
+        ):
             return
         if old is not None:
             self.by_uid.pop(old.uid, None)
@@ -160,10 +176,82 @@ def ancestors(pod_controller: ObjectRef | None, objects: Mapping[str, ObjectView
     return out
 
 
-def _older(view: WorkloadView, held: WorkloadView | None) -> bool:
-    if held is None:
+def older(resource_version: str, held: str) -> bool:
+    """Whether ``resource_version`` is older than the ``held`` one. An etcd-backed API server's
+    versions are increasing integers; anything else has no order, and the newcomer is taken."""
+    if not (resource_version.isdigit() and held.isdigit()):
         return False
-    try:
-        return int(view.resource_version) < int(held.resource_version)
-    except ValueError:  # not an etcd integer: no order known, take the event
-        return False
+    return int(resource_version) < int(held)
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerFacts:
+    """What a plugin extracted from an owner object, kept instead of the object; ``error``
+    when the plugin could not read it (the owner's size is then unknown: nothing is released)."""
+
+    namespace: str
+    uid: str
+    facts: dict[str, Any]
+    resource_version: str = ""
+    error: str = ""
+
+
+class OwnerIndex:
+    """Each cached owner's facts by UID (the plugin's reading of it, not the object)."""
+
+    def __init__(self) -> None:
+        self._by_uid: dict[str, OwnerFacts] = {}
+
+    def keep(self, view: OwnerFacts) -> None:
+        held = self._by_uid.get(view.uid)
+        if held is not None and older(view.resource_version, held.resource_version):
+            return
+        self._by_uid[view.uid] = view
+
+    def forget(self, uid: str) -> None:
+        self._by_uid.pop(uid, None)
+
+    def get(self, uid: str) -> OwnerFacts | None:
+        return self._by_uid.get(uid)
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._by_uid
+
+    def __len__(self) -> int:
+        return len(self._by_uid)
+
+
+class ObjectIndex:
+    """Intermediate objects (a JobSet's Jobs, a RayJob's RayCluster) by UID, and by the UID
+    of their controller."""
+
+    def __init__(self) -> None:
+        self.by_uid: dict[str, ObjectView] = {}
+        self._controlled: dict[str, set[str]] = {}
+
+    def keep(self, view: ObjectView) -> None:
+        held = self.by_uid.get(view.uid)
+        if held is not None:
+            if older(view.resource_version, held.resource_version):
+                return
+            self.forget(held)
+        self.by_uid[view.uid] = view
+        if view.controller is not None:
+            self._controlled.setdefault(view.controller.uid, set()).add(view.uid)
+
+    def forget(self, view: ObjectView) -> None:
+        held = self.by_uid.pop(view.uid, None)
+        ctrl = held.controller if held is not None else None
+        if ctrl is not None and ctrl.uid in self._controlled:
+            self._controlled[ctrl.uid].discard(view.uid)
+            if not self._controlled[ctrl.uid]:
+                del self._controlled[ctrl.uid]
+
+    def controlled_by(self, uid: str) -> list[ObjectView]:
+        return [self.by_uid[u] for u in self._controlled.get(uid, ())]
+
+    def sizes(self) -> dict[str, int]:
+        return {"objects": len(self.by_uid), "controllers": len(self._controlled)}
+
+    def __len__(self) -> int:
+        return len(self.by_uid)

@@ -16,23 +16,31 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 __all__ = [
-    "BLOCKED",
-    "CONFLICT",
-    "ERROR",
-    "GONE",
     "BlockedPod",
     "BlockedReleases",
+    "PatchOutcome",
     "classify_patch_error",
     "server_message",
 ]
 
-GONE = "gone"
-CONFLICT = "conflict"
-BLOCKED = "blocked"
-ERROR = "error"
+
+class PatchOutcome(StrEnum):
+    """What became of one release patch (the values are the ``outcome`` label of
+    ``ungater_patches_total``)."""
+
+    RELEASED = "released"
+    DELETING = "deleting"  # it landed on a pod already being deleted: no release
+    BLOCKED = "blocked"  # refused for good: the pod backs off
+    GONE = "gone"
+    CONFLICT = "conflict"  # changed under us: re-decide
+    SKIPPED = "skipped"  # not sent: leadership lost, or the kind turned to audit
+    STALE = "stale"  # not sent: the caches moved since the decision (decide again)
+    ERROR = "error"  # no answer, or a transient one: it may have landed
+
 
 #: What the API server says when a JSON patch cannot be applied to the object as it is now
 #: (a failed ``test``, a path that no longer exists): ``NewGenericServerResponse`` for 422.
@@ -59,22 +67,22 @@ def server_message(message: str, body: str) -> str:
     return "; ".join([text, *extra]) if extra else text
 
 
-def classify_patch_error(status: int, message: str = "", body: str = "") -> str:
+def classify_patch_error(status: int, message: str = "", body: str = "") -> PatchOutcome:
     """``gone``, ``conflict`` (stale view: re-decide soon), ``blocked`` (refused for good:
     back off long) or ``error`` (transient: retry with the key's backoff)."""
     if status == 404:
-        return GONE
+        return PatchOutcome.GONE
     if status == 409:
-        return CONFLICT
+        return PatchOutcome.CONFLICT
     if status == 422:
         full = server_message(message, body)
         lowered = full.lower()
         if lowered.startswith(_GENERIC_422) or any(w in lowered for w in _PATCH_APPLY_WORDS):
-            return CONFLICT
-        return BLOCKED
+            return PatchOutcome.CONFLICT
+        return PatchOutcome.BLOCKED
     if status in (400, 403):
-        return BLOCKED
-    return ERROR
+        return PatchOutcome.BLOCKED
+    return PatchOutcome.ERROR
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,6 +77,9 @@ class Stalls:
     def forget(self, owner: object) -> None:
         self._since.pop(owner, None)
 
+    def __len__(self) -> int:
+        return len(self._since)
+
     def stalled(self, threshold: float) -> dict[str, int]:
         """Pods of owners stalled for longer than ``threshold`` seconds, by kind."""
         now = self._clock()

@@ -34,7 +34,7 @@ from tests.unit.capcheck import (
     live_released,
     peak_live_released,
 )
-from tests.unit.harness import running
+from tests.unit.harness import owner_version, running
 from tests.unit.podfactory import NAMESPACE, job, job_pod, workload
 from ungater._decide.indexes import OwnerKey
 from ungater._kube.client import PODS, ApiError
@@ -64,11 +64,11 @@ async def test_a_new_leader_on_a_lagging_cache_does_not_release_past_the_old_lea
             assert leader.stats.released == 1
         # the leader is gone; the standby takes over with a cache that never saw pod 0
         key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
-        assert len(standby.kinds[next(iter(standby.kinds))].pods) == 1
+        assert len(standby.state.kinds[next(iter(standby.state.kinds))].pods) == 1
         before = standby.stats.reconciles
         standby_elector.go.set()
         await eventually(
-            lambda: standby.stats.reconciles > before and key in standby.decisions,
+            lambda: standby.stats.reconciles > before and key in standby.state.decisions,
             what="the new leader decided for the Job",
         )
         await holds_for(lambda: live_released(fake) == 1, 0.3, what="cap 1 after the hand-over")
@@ -77,7 +77,7 @@ async def test_a_new_leader_on_a_lagging_cache_does_not_release_past_the_old_lea
         assert peak_live_released(fake) == 1
         # the old leader's release is not someone else's
         assert standby.stats.foreign_releases == 0
-        assert wl["metadata"]["name"] in str(standby.decisions[key].active_slice)
+        assert wl["metadata"]["name"] in str(standby.state.decisions[key].active_slice)
         reads = standby.stats.proof_reads
         assert reads >= 1
         # once every cache has seen past the term's start, no owner needs a proof any more
@@ -100,7 +100,7 @@ def _lists(ctl: Any) -> int:
 
 
 def _caught_up(ctl: Any) -> bool:
-    return all(int(r.resource_version) >= ctl.state.term_rv for r in ctl.reflectors)
+    return all(int(r.resource_version) >= ctl.state.freshness.term_rv for r in ctl.reflectors)
 
 
 @pytest.mark.anyio
@@ -114,18 +114,18 @@ async def test_a_new_leader_relists_the_caches_left_behind_its_term_then_reads_n
     j = fake.put(JOBS, job("train", parallelism=1, completions=1))
     elector = HandOver(fake)
     async with running(fake, config(), elector=elector) as ctl:
-        rt = ctl.kinds[next(iter(ctl.kinds))]
+        rt = ctl.state.kinds[next(iter(ctl.state.kinds))]
         fake.put(CONFIG_MAPS, {"metadata": {"name": "lease", "namespace": NAMESPACE}})
         lists = _lists(ctl)
         elector.go.set()  # the term starts past every cache (a write none of them sees)
-        await eventually(lambda: ctl.state.term_rv > 0, what="the term")
+        await eventually(lambda: ctl.state.freshness.term_rv > 0, what="the term")
         fake.put(PODS, job_pod(j, index=0, created=1))  # the pod cache moves on
         await eventually(lambda: len(rt.pods) == 1, what="the pod in the cache")
         await eventually(lambda: _caught_up(ctl), what="every cache past the term's start")
         assert _lists(ctl) - lists == len(ctl.reflectors) - 1  # all but the pod cache
         fake.put(WORKLOADS, workload(j, {"main": 1}, admitted={"main": 1}))
         await eventually(lambda: live_released(fake) == 1, what="the release")
-        assert ctl.stats.proof_reads == 0 and ctl.state.proven is None
+        assert ctl.stats.proof_reads == 0 and ctl.state.freshness.proven is None
 
 
 @pytest.mark.anyio
@@ -140,13 +140,13 @@ async def test_a_quiet_term_relists_nothing_until_one_of_its_caches_moves(
     j = fake.put(JOBS, job("train", parallelism=1, completions=1))
     elector = HandOver(fake)
     async with running(fake, config(), elector=elector) as ctl:
-        rt = ctl.kinds[next(iter(ctl.kinds))]
+        rt = ctl.state.kinds[next(iter(ctl.state.kinds))]
         fake.put(PODS, job_pod(j, index=0, created=1))  # after the lists: only the pods see it
         await eventually(lambda: len(rt.pods) == 1, what="the pod in the cache")
         lists = _lists(ctl)
         before = {r.name: r.stats.lists for r in ctl.reflectors}
         elector.go.set()  # the term starts at the pod's write: the pod cache is past it, unmoved
-        await eventually(lambda: ctl.state.term_rv > 0, what="the term")
+        await eventually(lambda: ctl.state.freshness.term_rv > 0, what="the term")
         await holds_for(lambda: _lists(ctl) == lists, 0.3, what="no relist in a quiet term")
         fake.put(WORKLOADS, workload(j, {"main": 1}, admitted={"main": 1}))  # this one moves
         await eventually(lambda: live_released(fake) == 1, what="the release")
@@ -253,7 +253,7 @@ async def test_a_shrink_that_deletes_gated_pods_is_capped_by_the_slice_read() ->
             fake.put(PODS, job_pod(j, index=i - 2, created=10 + i, seed="again"))
         key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
         await eventually(
-            lambda: len(ctl.decisions[key].pod_sets[0].waiting) >= 2,
+            lambda: len(ctl.state.decisions[key].pod_sets[0].waiting) >= 2,
             what="the new pods decided on",
         )
         await holds_for(lambda: live_released(fake) == 2, 0.4, what="cap 2 of the lowered slice")
@@ -286,13 +286,13 @@ async def test_an_owner_that_shrank_and_grew_back_with_no_pod_deleted_is_capped_
         grown = fake.put(JOBS, {**j, "spec": {**j["spec"], "parallelism": 4}})
         key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
         await eventually(
-            lambda: ctl.state.owner_rv.get(key.uid) == int(grown["metadata"]["resourceVersion"]),
+            lambda: owner_version(ctl, key.uid) == int(grown["metadata"]["resourceVersion"]),
             what="the owner watch showed the Job grown back",
         )
         for i in (2, 3):
             fake.put(PODS, job_pod(j, index=i, created=10 + i))
         await eventually(
-            lambda: len(ctl.decisions[key].pod_sets[0].waiting) == 2, what="pods 2, 3 decided"
+            lambda: len(ctl.state.decisions[key].pod_sets[0].waiting) == 2, what="pods 2, 3 decided"
         )
         await holds_for(lambda: live_released(fake) == 2, 0.4, what="cap 2 of the lowered slice")
         held.set()
@@ -322,9 +322,9 @@ async def test_an_owner_whose_size_cannot_be_read_releases_nothing() -> None:
         # a slice still admitting 2 while the Job wants 1 (a scale-down Kueue has not seen)
         fake.put(WORKLOADS, workload(j, {"main": 2}, admitted={"main": 2}))
         key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
-        await eventually(lambda: key in ctl.decisions, what="a decision for the Job")
+        await eventually(lambda: key in ctl.state.decisions, what="a decision for the Job")
         await holds_for(lambda: live_released(fake) == 0, 0.3, what="nothing released")
-        report = ctl.decisions[key].pod_sets[0]
+        report = ctl.state.decisions[key].pod_sets[0]
         assert report.cap == 0
         assert "size" in report.problem and "cannot read this Job" in report.problem
         assert ctl.stats.plugin_errors >= 1
@@ -366,7 +366,10 @@ async def test_an_unanswered_release_whose_fence_is_refused_stays_in_flight() ->
             await eventually(lambda: len(fences) >= 1, what="a fence refused")
             key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
             await eventually(
-                lambda: key in ctl.decisions and ctl.decisions[key].pod_sets[0].in_flight == 1,
+                lambda: (
+                    key in ctl.state.decisions
+                    and ctl.state.decisions[key].pod_sets[0].in_flight == 1
+                ),
                 what="a decision counting the unanswered release",
             )
             assert live_released(fake) == 0

@@ -33,7 +33,7 @@ from tests.unit.capcheck import (
     live_released,
     peak_live_released,
 )
-from tests.unit.harness import running
+from tests.unit.harness import owner_facts, owner_version, running
 from tests.unit.podfactory import (
     GATE,
     NAMESPACE,
@@ -57,7 +57,7 @@ async def term_behind_every_cache(fake: FakeKube, elector: HandOver, ctl: Any) -
     unproven until a read, or every cache passing that write, shows otherwise."""
     fake.put(CONFIG_MAPS, {"metadata": {"name": "lease", "namespace": NAMESPACE}})
     elector.go.set()
-    await eventually(lambda: ctl.state.term_rv > 0, what="the term")
+    await eventually(lambda: ctl.state.freshness.term_rv > 0, what="the term")
 
 
 # -- 1. an expectation for a pod the cache never held --------------------------------------------
@@ -76,7 +76,7 @@ async def test_an_expired_expectation_for_a_pod_the_cache_never_held_is_settled_
     j = fake.put(JOBS, job("train", parallelism=2, completions=2))
     elector = HandOver(fake)
     async with running(client, config(), elector=elector) as ctl:
-        rt = ctl.kinds[next(iter(ctl.kinds))]
+        rt = ctl.state.kinds[next(iter(ctl.state.kinds))]
         await term_behind_every_cache(fake, elector, ctl)
         fake.put(PODS, job_pod(j, index=1, created=2))  # the pod watch moves past the term
         await eventually(lambda: len(rt.pods) == 1, what="pod 1 in the cache")
@@ -89,10 +89,10 @@ async def test_an_expired_expectation_for_a_pod_the_cache_never_held_is_settled_
         await anyio.sleep(0.3)  # pod 0's expectation (0.2 s) expires, the pod still unseen
         fake.put(JOBS, {**j, "status": {"active": 1}})  # the Job's status wakes its owner key
         await holds_for(lambda: live_released(fake) == 1, 0.8, what="cap 1, pod 0 unseen")
-        assert ctl.state.expectations.expired_total >= 1, (
+        assert ctl.state.ledger.expectations.expired_total >= 1, (
             ctl.stats,
-            len(ctl.state.expectations),
-            ctl.state.proven,
+            len(ctl.state.ledger.expectations),
+            ctl.state.freshness.proven,
         )
         held.set()
         await holds_for(lambda: live_released(fake) == 1, 0.3, what="cap 1 once caught up")
@@ -159,11 +159,11 @@ async def test_the_view_never_falls_back_to_a_cached_slice_it_did_not_read() -> 
         for gate in held[1:]:  # the Jobs and the pods come through; the Workloads do not
             gate.set()
         key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
-        rt = ctl.kinds[next(iter(ctl.kinds))]
+        rt = ctl.state.kinds[next(iter(ctl.state.kinds))]
         await eventually(
             lambda: (
                 sum(not p.deleting for p in rt.pods.by_uid.values()) == 5
-                and ctl.state.owner_rv[key.uid] == int(j["metadata"]["resourceVersion"])
+                and owner_version(ctl, key.uid) == int(j["metadata"]["resourceVersion"])
             ),
             what="the grown Job and its pods in the caches",
         )
@@ -233,9 +233,9 @@ async def test_a_refused_release_is_not_resent_past_a_shrink_the_cache_already_s
     async with running(client, config()) as ctl:
         key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
         client.ready = lambda: (
-            ctl.state.owner_facts.get(key.uid, {}) != {}
+            owner_facts(ctl, key.uid)
             and (
-                ctl.state.owner_rv.get(key.uid, -1)
+                owner_version(ctl, key.uid)
                 >= int(fake.read(JOBS, NAMESPACE, "train")["metadata"]["resourceVersion"])
             )
         )
@@ -286,7 +286,7 @@ async def test_the_old_leaders_release_seen_as_the_term_begins_is_not_foreign() 
         fake.put(CONFIG_MAPS, {"metadata": {"name": "lease", "namespace": NAMESPACE}})
         elector.begin()  # leading from here; the workers start later
         held.set()
-        rt = standby.kinds[next(iter(standby.kinds))]
+        rt = standby.state.kinds[next(iter(standby.state.kinds))]
         await eventually(
             lambda: all(not p.has_gate(GATE) for p in rt.pods.by_uid.values()),
             what="the standby saw the old leader's release",
@@ -325,7 +325,7 @@ async def test_a_release_by_another_writer_that_one_view_showed_counts_in_a_view
         await eventually(lambda: ctl.stats.foreign_releases == 1, what="seen via the Job kind")
         key = OwnerKey(NAMESPACE, js["metadata"]["uid"])
         fake.put(WORKLOADS, workload(js, {"workers": 6}, admitted={"workers": 1}))
-        await eventually(lambda: key in ctl.decisions, what="the JobSet decided on")
+        await eventually(lambda: key in ctl.state.decisions, what="the JobSet decided on")
         await holds_for(lambda: live_released(fake) == 1, 0.5, what="cap 1, pod 5 counted")
         held.set()
         await holds_for(lambda: live_released(fake) == 1, 0.3, what="cap 1 once caught up")
@@ -343,7 +343,7 @@ async def test_an_expired_expectation_for_a_never_held_pod_that_is_gone_is_forgo
     j = fake.put(JOBS, job("train", parallelism=2, completions=2))
     elector = HandOver(fake)
     async with running(client, config(), elector=elector) as ctl:
-        rt = ctl.kinds[next(iter(ctl.kinds))]
+        rt = ctl.state.kinds[next(iter(ctl.state.kinds))]
         await term_behind_every_cache(fake, elector, ctl)
         fake.put(PODS, job_pod(j, index=1, created=2))
         await eventually(lambda: len(rt.pods) == 1, what="pod 1 in the cache")
@@ -358,10 +358,10 @@ async def test_an_expired_expectation_for_a_never_held_pod_that_is_gone_is_forgo
         await anyio.sleep(0.3)  # the expectation (0.2 s) expires
         fake.put(JOBS, {**j, "status": {"active": 0}})  # wakes the owner
         await eventually(
-            lambda: live_released(fake) == 1 and uid0 not in ctl.state.ours,
+            lambda: live_released(fake) == 1 and not ctl.state.ledger.is_ours(uid0),
             what="pod 1 released, pod 0 forgotten",
         )
-        assert ctl.state.ledger.locate(uid0) is None and uid0 in ctl.state.gone
+        assert ctl.state.ledger.locate(uid0) is None and ctl.state.ledger.is_gone(uid0)
 
 
 # -- 6 and 7, found while writing docs/safety.md ------------------------------------------------
@@ -386,9 +386,7 @@ class ShrinkDuringTheFirstPatch:
             shrunk = self.inner.put(JOBS, {**self.j, "spec": {**self.j["spec"], "parallelism": 1}})
             rv = int(shrunk["metadata"]["resourceVersion"])
             uid = self.j["metadata"]["uid"]
-            await eventually(
-                lambda: self.ctl.state.owner_rv.get(uid, -1) >= rv, what="the shrink cached"
-            )
+            await eventually(lambda: owner_version(self.ctl, uid) >= rv, what="the shrink cached")
         return await self.inner.json_patch(resource, namespace, name, ops)
 
 
@@ -432,17 +430,17 @@ async def test_a_slice_touched_after_the_pods_went_is_read_anew_with_the_owner()
         for p in pods[2:]:
             fake.finalize(PODS, NAMESPACE, p["metadata"]["name"])
             fake.delete(PODS, NAMESPACE, p["metadata"]["name"])
-        rt = ctl.kinds[next(iter(ctl.kinds))]
+        rt = ctl.state.kinds[next(iter(ctl.state.kinds))]
         await eventually(lambda: len(rt.pods) == 2, what="the victims gone from the cache")
         start = fake.rv
         touched = fake.read(WORKLOADS, NAMESPACE, wl["metadata"]["name"]) or {}
         touched["metadata"].setdefault("labels", {})["touched"] = "yes"
         touched = fake.put(WORKLOADS, touched)
-        rt = ctl.kinds[next(iter(ctl.kinds))]
+        rt = ctl.state.kinds[next(iter(ctl.state.kinds))]
         await eventually(
             lambda: any(
                 w.resource_version == touched["metadata"]["resourceVersion"]
-                for w in ctl.workloads.for_owner(key.uid)
+                for w in ctl.state.workloads.for_owner(key.uid)
             ),
             what="the touched slice cached",
         )
@@ -482,7 +480,7 @@ async def test_an_owner_proven_by_a_matching_read_needs_no_more_reads_in_its_ter
         first = fake.put(WORKLOADS, workload(jobs[0], {"main": 2}, admitted={"main": 1}))
         await eventually(lambda: live_released(fake) == 1, what="the first release")
         assert ctl.stats.proof_reads == 1
-        assert ctl.state.proven == {OwnerKey(NAMESPACE, jobs[0]["metadata"]["uid"])}
+        assert ctl.state.freshness.proven == {OwnerKey(NAMESPACE, jobs[0]["metadata"]["uid"])}
         grown = fake.read(WORKLOADS, NAMESPACE, first["metadata"]["name"]) or {}
         grown["status"]["admission"]["podSetAssignments"][0]["count"] = 2
         fake.put(WORKLOADS, grown)

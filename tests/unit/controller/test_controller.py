@@ -173,9 +173,9 @@ async def test_lost_watch_events_never_over_release_and_expire() -> None:
         await holds_for(
             lambda: released_indexes(fake) == [0, 1], 0.6, what="in flight until they expire"
         )
-        assert ctl.expectations.expired_total == 0
+        assert ctl.state.ledger.expectations.expired_total == 0
         await eventually(lambda: released_indexes(fake) == [0, 1, 2], timeout=5, what="expiry")
-        assert ctl.expectations.expired_total >= 2
+        assert ctl.state.ledger.expectations.expired_total >= 2
         await holds_for(lambda: live_released(fake) == 3, 2.0, what="cap 3 across re-expiry")
         assert len(fake.patches) == 3
         assert ctl.stats.patch_conflicts == 0
@@ -184,7 +184,7 @@ async def test_lost_watch_events_never_over_release_and_expire() -> None:
 
 def ctl_pods(ctl: Controller) -> list[dict[str, Any]]:
     """The pods as the controller's Job pod cache holds them (gates only)."""
-    (rt,) = ctl.kinds.values()
+    (rt,) = ctl.state.kinds.values()
     return [
         {"spec": {"schedulingGates": [{"name": g} for g in p.gates]}}
         for p in rt.pods.by_uid.values()
@@ -205,7 +205,9 @@ async def test_watch_cuts_resume_and_compaction_relists() -> None:
         await eventually(lambda: released_indexes(fake) == [0, 1], what="replayed admission")
         assert sum(r.stats.watch_restarts for r in ctl.reflectors) >= 1
         assert sum(r.stats.lists for r in ctl.reflectors) == lists, "a cut must not relist"
-        await eventually(lambda: len(ctl_pods(ctl)) == 4 and len(ctl.expectations) == 0)
+        await eventually(
+            lambda: len(ctl_pods(ctl)) == 4 and len(ctl.state.ledger.expectations) == 0
+        )
         # now nothing reaches the watches: a released pod goes, the admission grows, and the
         # history that would replay it is compacted under the open streams
         fake.drop_events = True
@@ -285,7 +287,7 @@ async def test_workload_api_falls_back_to_v1beta1() -> None:
     fake = FakeKube(served={"kueue.x-k8s.io": ["v1beta1"]})
     ctl = Controller(make_config(), fake, PluginRegistry.from_modules({"job": job_plugin}))
     await ctl.start()
-    assert ctl.workload_version == "v1beta1"
+    assert ctl.state.workload_version == "v1beta1"
 
 
 @pytest.mark.anyio
@@ -313,7 +315,7 @@ def test_a_plugin_that_failed_to_load_skips_only_its_kinds() -> None:
         kinds=[{"group": "batch", "kind": "Job"}, {"group": "ray.io", "kind": "RayCluster"}]
     )
     ctl = Controller(config, FakeKube(), registry)
-    assert [str(k) for k in ctl.kinds] == ["Job.batch"]
+    assert [str(k) for k in ctl.state.kinds] == ["Job.batch"]
     assert ctl.stats.skipped_kinds == ["RayCluster.ray.io"]
     strict = make_config(kinds=[{"group": "batch", "kind": "Job"}], plugins={"failOnError": True})
     with pytest.raises(StartupError, match="raycluster"):

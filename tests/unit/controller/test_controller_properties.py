@@ -611,13 +611,17 @@ class Replica:
         def decided(key: Any, decision: Any) -> None:
             # called right after the decision, with no await between: the caches it decided on
             finished = frozenset(
-                w.name for w in self.ctl.workloads.for_owner(key.uid) if w.condition_true(FINISHED)
+                w.name
+                for w in self.ctl.state.workloads.for_owner(key.uid)
+                if w.condition_true(FINISHED)
             )
             rt = self.ctl.state.kind_of(key)
             pods = {u: int(p.resource_version) for u, p in rt.pods.by_uid.items()} if rt else {}
             for uid, rv in listed.get(key, {}).items():
                 pods[uid] = max(rv, pods.get(uid, -1))
-            for uid in self.ctl.state.foreign_seen:  # another view of the replica showed it
+            for (
+                uid
+            ) in self.ctl.state.ledger.foreign_pods():  # another view of the replica showed it
                 pods[uid] = KNOWN
             for r in decision.releases:
                 self.finished_seen[(r.pod.uid, r.pod.resource_version)] = finished
@@ -791,7 +795,7 @@ async def test_the_world_catches_a_controller_that_stops_counting_the_other_rele
         self: Reconciler, rt: KindRuntime, owner: ObjectRef, snapshot: Any, bounds: Any
     ) -> tuple[list[PodFacts], Mapping[str, int] | None]:
         facts, desired = facts_of(self, rt, owner, snapshot, bounds)
-        return [f for f in facts if f.pod.uid not in self.s.foreign_seen], desired
+        return [f for f in facts if not self.s.ledger.released_unseen(f.pod.uid, None)], desired
 
     monkeypatch.setattr(Reconciler, "_facts", blind)
     caught = []

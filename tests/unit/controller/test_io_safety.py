@@ -193,7 +193,7 @@ async def test_a_patch_with_an_unknown_outcome_keeps_its_expectation(failure: st
         assert ctl.stats.patch_errors == 1
         assert ctl.stats.patch_conflicts == 0, "the landed pod was patched again"
         assert ctl.stats.foreign_releases == 0
-        assert len(ctl.expectations) == 1
+        assert len(ctl.state.ledger.expectations) == 1
 
 
 @pytest.mark.anyio
@@ -237,7 +237,9 @@ async def test_a_pod_that_ends_clears_its_expectation_at_once(end: str) -> None:
         await eventually(lambda: ctl.stats.patch_errors == 1)
         await eventually(lambda: len(tries) >= 2, what="a fence tried")
         await holds_for(lambda: released(fake) == [], 0.3, what="pod 0 in flight: nothing more")
-        assert set(ctl.state.uncertain) == {fake.read(PODS, NAMESPACE, first)["metadata"]["uid"]}
+        assert ctl.state.ledger.uncertain_pods() == {
+            fake.read(PODS, NAMESPACE, first)["metadata"]["uid"]
+        }
         if end == "failed":
             pod = fake.read(PODS, NAMESPACE, first)
             assert pod is not None and gated(pod)
@@ -250,7 +252,9 @@ async def test_a_pod_that_ends_clears_its_expectation_at_once(end: str) -> None:
             fake.finalize(PODS, NAMESPACE, first)
             fake.delete(PODS, NAMESPACE, first)
         await eventually(lambda: released(fake) == [1], timeout=2, what="the slot refilled")
-        assert ctl.expectations.expired_total == 0, "cleared by the event, not by expiry"
+        assert ctl.state.ledger.expectations.expired_total == 0, (
+            "cleared by the event, not by expiry"
+        )
         await holds_for(lambda: released(fake) == [1], 0.3)
 
 
@@ -264,7 +268,7 @@ async def test_a_plugin_error_stalls_only_its_owner() -> None:
     events = Recorder()
     registry_calls: list[str] = []
     async with running(fake, config(), events=events, plugins=PLUGINS) as ctl:
-        (rt,) = ctl.kinds.values()
+        (rt,) = ctl.state.kinds.values()
         real_selector = rt.handler.pod_selector
 
         def selector(owner: Any) -> Any:
@@ -319,8 +323,8 @@ async def test_jobset_pods_are_released_only_through_their_cached_child_job() ->
         await eventually(lambda: len(fake.patches) == 3, what="the three child-Job pods")
         await holds_for(lambda: len(fake.patches) == 3, 0.4, what="never the impostor")
         assert gated(fake.read(PODS, NAMESPACE, impostor["metadata"]["name"]) or {})
-        assert len(ctl.objects) >= 2  # the child Jobs are cached
-        d = next(iter(ctl.decisions.values()))
+        assert len(ctl.state.objects) >= 2  # the child Jobs are cached
+        d = next(iter(ctl.state.decisions.values()))
         assert d.pod_sets[0].cap == 3, "min(admitted 5, the JobSet's 1 x 3)"
 
 

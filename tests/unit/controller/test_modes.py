@@ -124,7 +124,7 @@ async def test_auto_releases_kueues_gate_behind_the_policy() -> None:
     fake.put(WORKLOADS, workload(a, "a-1", count=3, admitted=2))
     async with running(fake, make_config(), observed=True) as ctl:
         await eventually(lambda: len(ungated(fake.items(PODS, NS))) == 2, what="2 released")
-        (rt,) = ctl.kinds.values()
+        (rt,) = ctl.state.kinds.values()
         assert (rt.configured, rt.mode) == ("auto", "release")
         line = ctl.status_lines()[0]
         assert line.startswith("Job.batch: release") and "refuses it to Kueue" in line
@@ -143,10 +143,10 @@ async def test_auto_audits_kueues_gate_without_the_policy_and_says_how_to_releas
     a = job(fake, "a", 3)
     fake.put(WORKLOADS, workload(a, "a-1", count=3, admitted=2))
     async with running(fake, make_config(), observed=True) as ctl:
-        (rt,) = ctl.kinds.values()
-        await eventually(lambda: a["metadata"]["uid"] in {k.uid for k in ctl.decisions})
+        (rt,) = ctl.state.kinds.values()
+        await eventually(lambda: a["metadata"]["uid"] in {k.uid for k in ctl.state.decisions})
         await holds_for(lambda: not fake.patches, 0.5, what="no patch over 2 checks")
-        assert rt.mode == "audit" and ctl.guard.checks >= 2
+        assert rt.mode == "audit" and ctl.state.guard.checks >= 2
         line = ctl.status_lines()[0]
         assert line.startswith("Job.batch: audit") and "no admission policy" in line
         assert ctl.metrics is not None
@@ -167,14 +167,14 @@ async def test_auto_follows_the_policy_as_it_goes_and_comes_back(
     a = job(fake, "a", 4)
     fake.put(WORKLOADS, workload(a, "a-1", count=4, admitted=1))
     async with running(fake, make_config(), observed=True) as ctl:
-        (rt,) = ctl.kinds.values()
+        (rt,) = ctl.state.kinds.values()
         await eventually(lambda: len(ungated(fake.items(PODS, NS))) == 1, what="1 released")
         unguard(fake)
-        checks = ctl.guard.checks
+        checks = ctl.state.guard.checks
         # within one interval (0.2 s) of the removal, plus the check itself
         with anyio.fail_after(0.6):
             await eventually(lambda: rt.mode == "audit", timeout=0.6, what="audit")
-        assert ctl.guard.checks <= checks + 2
+        assert ctl.state.guard.checks <= checks + 2
         patches = len(fake.patches)
         fake.put(WORKLOADS, workload(a, "a-1", count=4, admitted=3))  # room for 2 more
         await holds_for(lambda: len(fake.patches) == patches, 0.5, what="no patch in audit")
@@ -197,7 +197,7 @@ async def test_explicit_release_on_an_unguarded_kueue_gate_warns_and_releases(
     fake.put(WORKLOADS, workload(a, "a-1", count=2, admitted=2))
     async with running(fake, make_config(mode="release"), observed=True) as ctl:
         await eventually(lambda: len(ungated(fake.items(PODS, NS))) == 2, what="released")
-        (rt,) = ctl.kinds.values()
+        (rt,) = ctl.state.kinds.values()
         assert rt.mode == "release"
         assert ctl.status_lines()[0] == f"Job.batch: release (gate {DEFAULT_GATE})"
     (warned,) = [m for m in messages(caplog, logging.WARNING) if "explicitly" in m]
@@ -228,10 +228,10 @@ async def test_auto_with_guard_checks_off_audits_kueues_gate_even_behind_a_polic
     a = job(fake, "a", 2)
     fake.put(WORKLOADS, workload(a, "a-1", count=2, admitted=2))
     async with running(fake, make_config(policyCheckIntervalSeconds=0), observed=True) as ctl:
-        await eventually(lambda: a["metadata"]["uid"] in {k.uid for k in ctl.decisions})
+        await eventually(lambda: a["metadata"]["uid"] in {k.uid for k in ctl.state.decisions})
         await holds_for(lambda: not fake.patches, 0.3, what="no patch")
-        (rt,) = ctl.kinds.values()
-        assert rt.mode == "audit" and ctl.guard.checks == 0
+        (rt,) = ctl.state.kinds.values()
+        assert rt.mode == "audit" and ctl.state.guard.checks == 0
     (said,) = [m for m in messages(caplog, logging.WARNING) if "audit mode" in m]
     assert "policyCheckIntervalSeconds: 0" in said
 
@@ -256,12 +256,12 @@ async def test_a_switch_to_audit_sends_no_patch_not_yet_sent() -> None:
     a = job(fake, "a", 3)
     config = make_config(client={"patchConcurrency": 1}, policyCheckIntervalSeconds=3600)
     async with running(fake, config, observed=True) as ctl:
-        (rt,) = ctl.kinds.values()
+        (rt,) = ctl.state.kinds.values()
         assert rt.mode == "release"
 
         async def first_patch(ns: str, name: str) -> None:
             unguard(fake)
-            await ctl.guard.refresh()  # the periodic check lands while the patch is in flight
+            await ctl.state.guard.refresh()  # the periodic check lands while the patch is in flight
 
         fake.before_patch = first_patch
         fake.put(WORKLOADS, workload(a, "a-1", count=3, admitted=3))
@@ -280,7 +280,7 @@ async def test_a_kind_that_stood_down_under_auto_stays_in_audit_behind_the_polic
     fake.put(WORKLOADS, workload(b, "b-1", count=3))  # pending: nothing of ours to release
     config = make_config(standDown={"foreignReleases": 2, "windowSeconds": 60})
     async with running(fake, config, observed=True) as ctl:
-        (rt,) = ctl.kinds.values()
+        (rt,) = ctl.state.kinds.values()
         assert rt.mode == "release"
         for name in ("b-0-x000", "b-1-x001"):
             pod = fake.read(PODS, NS, name)
@@ -288,9 +288,9 @@ async def test_a_kind_that_stood_down_under_auto_stays_in_audit_behind_the_polic
             pod["spec"]["schedulingGates"] = []
             fake.put(PODS, pod)
         await eventually(lambda: rt.stood_down != "", what="stood down")
-        checks = ctl.guard.checks
-        await eventually(lambda: ctl.guard.checks >= checks + 2, what="two more checks")
-        assert rt.mode == "audit" and ctl.guard.status[DEFAULT_GATE].state == "guarded"
+        checks = ctl.state.guard.checks
+        await eventually(lambda: ctl.state.guard.checks >= checks + 2, what="two more checks")
+        assert rt.mode == "audit" and ctl.state.guard.status[DEFAULT_GATE].state == "guarded"
         admitted = fake.put(WORKLOADS, workload(b, "b-1", count=3, admitted=3))
         await seen_then_reconciled(ctl, b, "workloads", [admitted])  # the admission seen
         await holds_for(lambda: not fake.patches, 0.3, what="no patch after the stand-down")

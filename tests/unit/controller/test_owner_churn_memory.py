@@ -26,32 +26,9 @@ def anyio_backend() -> str:
 
 
 def records(ctl: Controller) -> dict[str, int]:
-    """Every per-owner and per-pod record the controller's parts keep, by name."""
-    s = ctl.state
-    ledger = s.ledger
-    rt = next(iter(s.kinds.values()))
-    return {
-        "workloads": len(s.workloads),
-        "pods": len(rt.pods),
-        "objects": len(s.objects),
-        "controlled": len(s.controlled),
-        "owner_facts": len(s.owner_facts),
-        "owner_errors": len(s.owner_errors),
-        "owner_rv": len(s.freshness.owner_rv),
-        "decisions": len(s.decisions),
-        "expectations": len(ledger.expectations),
-        "ours": len(ledger.ours),
-        "written": len(ledger.written),
-        "uncertain": len(ledger.uncertain),
-        "foreign_seen": len(ledger.foreign_seen),
-        "releasable": len(s.releasable),
-        "blocked": len(s.blocked),
-        "stalls": len(s.stalls._since),
-        "inactive": len(ctl.notices._inactive_since),
-        "audited": len(s.auditor.tracker._open) + len(s.auditor.tracker._releasable),
-        "backoffs": len(s.queue._failures),
-        "timers": len(s.queue._timers),
-    }
+    """Every per-owner and per-pod record the controller's parts keep, by name: the state's
+    own count, and the notices' (registered through ``State.forgetters``)."""
+    return {**ctl.state.memory(), "inactive": len(ctl.notices._inactive_since)}
 
 
 @pytest.mark.anyio

@@ -13,10 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakekube import FakeKube
 from tests.unit.builders import GATE, NS, pod
-from ungater._controller.patcher import BLOCKED, CONFLICT, DELETING, ERROR, GONE, RELEASED, Patcher
-from ungater._controller.state import State, Stats, Uncertain
+from ungater._controller.patcher import Patcher
+from ungater._controller.state import State, Stats
 from ungater._decide.decision import Release
 from ungater._decide.indexes import OwnerKey
+from ungater._decide.refusals import PatchOutcome
 from ungater._kube.client import PODS, ApiError
 from ungater._model.config import Config
 from ungater._model.views import PodView, parse_pod
@@ -39,8 +40,9 @@ class Notices:
     def __init__(self) -> None:
         self.foreign: list[tuple[str, str]] = []
 
-    def foreign_release(self, view: PodView, rt: Any) -> None:
-        self.foreign.append((view.name, view.uid))
+    def foreign_release(self, view: PodView, rt: Any, first: bool) -> None:
+        if first:
+            self.foreign.append((view.name, view.uid))
 
 
 def patcher(fake: FakeKube, metrics: Metrics | None = None) -> tuple[Patcher, Notices, State]:
@@ -73,9 +75,9 @@ async def test_each_patch_counts_under_its_own_outcome() -> None:
     fake.put(PODS, pod("c", gates=(GATE,)))  # only the other gate went: sent again
     metrics = Metrics()
     p, _, _ = patcher(fake, metrics)
-    assert await p.release(release_of(released)) == RELEASED
-    assert await p.release(stale) == CONFLICT
-    assert await p.release(moved) == RELEASED
+    assert await p.release(release_of(released)) == PatchOutcome.RELEASED
+    assert await p.release(stale) == PatchOutcome.CONFLICT
+    assert await p.release(moved) == PatchOutcome.RELEASED
     assert patches_total(metrics) == {"released": 2.0, "conflict": 2.0}  # one per request
 
 
@@ -86,7 +88,7 @@ async def test_a_refused_patch_on_a_pod_still_gated_is_no_foreign_release() -> N
     stale = release_of(fake.put(PODS, pod("b", gates=(OTHER_GATE, GATE))))
     fake.put(PODS, pod("b", gates=(GATE,), labels={"x": "1"}))
     p, notices, _ = patcher(fake)
-    assert await p.release(stale) == CONFLICT
+    assert await p.release(stale) == PatchOutcome.CONFLICT
     await p.check_foreign_release(stale, None)  # type: ignore[arg-type]
     assert notices.foreign == []
 
@@ -99,22 +101,22 @@ async def test_a_pod_recreated_under_the_same_name_is_not_the_one_released() -> 
     fake.delete(PODS, NS, "w-0")
     fake.put(PODS, pod("w-0", uid="uid-new", gates=(OTHER_GATE,)))
     p, notices, _ = patcher(fake)
-    assert await p.release(old) == CONFLICT
+    assert await p.release(old) == PatchOutcome.CONFLICT
     await p.check_foreign_release(old, None)  # type: ignore[arg-type]
     assert notices.foreign == []
 
 
 async def test_a_refused_patch_on_a_pod_released_by_another_is_reported_once() -> None:
-    """The same pod, gate gone: another writer released it. Reported, and not again once it
-    was (the handlers mark it seen)."""
+    """The same pod, gate gone: another writer released it. Reported, and not again: the
+    ledger notes it once, whichever view shows it again."""
     fake = FakeKube()
     stale = release_of(fake.put(PODS, pod("c", gates=(OTHER_GATE, GATE))))
     fake.put(PODS, pod("c", gates=(OTHER_GATE,)))
     p, notices, state = patcher(fake)
-    assert await p.release(stale) == CONFLICT
+    assert await p.release(stale) == PatchOutcome.CONFLICT
     await p.check_foreign_release(stale, None)  # type: ignore[arg-type]
     assert notices.foreign == [("c", "uid-c")]
-    state.foreign_seen.add("uid-c")
+    assert state.ledger.foreign_pods() == {"uid-c"}
     await p.check_foreign_release(stale, None)  # type: ignore[arg-type]
     assert notices.foreign == [("c", "uid-c")]
 
@@ -141,7 +143,7 @@ async def test_a_422_is_judged_by_the_status_causes_too() -> None:
         },
     )
     p, _, state = patcher(fake)
-    assert await p.release(r) == CONFLICT
+    assert await p.release(r) == PatchOutcome.CONFLICT
     assert state.blocked.get(r.pod.uid) is None and state.stats.patch_blocked == 0
 
 
@@ -158,7 +160,7 @@ async def test_a_refusal_for_good_is_counted_each_time_and_remembered_in_the_ser
     fake.before_patch = refuse(403, "Forbidden", body)
     p, _, state = patcher(fake)
     for _ in range(2):
-        assert await p.release(r) == BLOCKED
+        assert await p.release(r) == PatchOutcome.BLOCKED
     assert state.stats.patch_blocked == 2
     entry = state.blocked.get(r.pod.uid)
     assert entry is not None
@@ -169,7 +171,7 @@ async def test_a_refusal_for_good_is_counted_each_time_and_remembered_in_the_ser
     )
     # with no Status body, the HTTP reason is what there is to say
     fake.before_patch = refuse(400, "Bad Request: gates are immutable here")
-    assert await p.release(r) == BLOCKED
+    assert await p.release(r) == PatchOutcome.BLOCKED
     entry = state.blocked.get(r.pod.uid)
     assert entry is not None and entry.message == "Bad Request: gates are immutable here"
 
@@ -180,7 +182,7 @@ async def test_a_pod_gone_before_its_patch_is_counted_each_time() -> None:
     fake.delete(PODS, NS, "a")
     p, _, state = patcher(fake)
     for _ in range(2):
-        assert await p.release(r) == GONE
+        assert await p.release(r) == PatchOutcome.GONE
     assert state.stats.patch_gone == 2 and state.stats.patch_errors == 0
 
 
@@ -201,7 +203,7 @@ async def test_a_patch_with_an_unknown_outcome_is_counted_each_time(failure: Exc
     fake.before_patch = before_patch
     p, _, state = patcher(fake)
     for _ in range(2):
-        assert await p.release(r) == ERROR
+        assert await p.release(r) == PatchOutcome.ERROR
     assert state.stats.patch_errors == 2
     assert (state.stats.patch_blocked, state.stats.patch_conflicts) == (0, 0)
 
@@ -222,8 +224,8 @@ async def test_a_release_landing_on_a_terminating_pod_is_no_release() -> None:
     metrics = Metrics()
     p, _, state = patcher(fake, metrics)
     for r in terminating:
-        assert await p.release(r) == DELETING
-    assert await p.release(live) == RELEASED
+        assert await p.release(r) == PatchOutcome.DELETING
+    assert await p.release(live) == PatchOutcome.RELEASED
     assert (state.stats.released_deleting, patches_total(metrics)) == (
         2,
         {"deleting": 2.0, "released": 1.0},
@@ -236,10 +238,11 @@ async def test_our_own_earlier_release_is_remembered_and_never_taken_for_someone
     fake = FakeKube()
     r = release_of(fake.put(PODS, pod("f")))
     p, notices, state = patcher(fake)
-    assert await p.release(r) == RELEASED
+    assert await p.release(r) == PatchOutcome.RELEASED
     written = (fake.read(PODS, NS, "f") or {})["metadata"]["resourceVersion"]
-    assert state.written == {"uid-f": int(written)}
-    assert await p.release(r) == CONFLICT  # the same stale view again: refused
+    assert state.ledger.written_pods() == {"uid-f"}
+    assert state.ledger.written("uid-f") == int(written)
+    assert await p.release(r) == PatchOutcome.CONFLICT  # the same stale view again: refused
     await p.check_foreign_release(r, None)  # type: ignore[arg-type]
     assert notices.foreign == []
 
@@ -272,19 +275,22 @@ async def test_a_release_refused_only_for_another_writers_gate_is_sent_again_at_
     now = fake.put(PODS, pod("b", gates=(GATE,)))
     client = CountingGets(fake)
     state = State(Config(), client, {}, Stats(), time.monotonic, None, None)  # type: ignore[arg-type]
-    state.uncertain["uid-b"] = Uncertain(KEY, NS, "b", decided.pod.resource_version)
+    state.ledger.sending(KEY, [("uid-b", NS, "b", decided.pod.resource_version)], None)
     seen: list[str] = []
     sent = client.json_patch
 
     async def json_patch(*a: Any) -> Any:
         seen.append(a[3][0]["value"])  # the version each request tests
         if len(seen) == 2:  # the resent request: what would it be fenced at?
-            assert state.uncertain["uid-b"].resource_version == now["metadata"]["resourceVersion"]
+            assert (
+                state.ledger.uncertain("uid-b").resource_version
+                == now["metadata"]["resourceVersion"]
+            )
         return await sent(*a)
 
     client.json_patch = json_patch  # type: ignore[method-assign]
     p = Patcher(state, Notices())  # type: ignore[arg-type]
-    assert await p.release(decided) == RELEASED
+    assert await p.release(decided) == PatchOutcome.RELEASED
     assert seen == [decided.pod.resource_version, now["metadata"]["resourceVersion"]]
     assert client.gets == 1 and state.stats.patch_resent == 1
     assert (await fake.get(PODS, NS, "b"))["spec"].get("schedulingGates") in (None, [])
@@ -313,7 +319,7 @@ async def test_a_refused_release_goes_back_to_the_decision_when_the_pod_changed(
     client = CountingGets(fake)
     state = State(Config(), client, {}, Stats(), time.monotonic, None, None)  # type: ignore[arg-type]
     p = Patcher(state, Notices())  # type: ignore[arg-type]
-    assert await p.release(decided) == CONFLICT
+    assert await p.release(decided) == PatchOutcome.CONFLICT
     assert client.patches == 1 and state.stats.patch_resent == 0
 
 
@@ -333,7 +339,7 @@ async def test_a_release_refused_twice_is_not_sent_a_third_time() -> None:
     client.json_patch = json_patch  # type: ignore[method-assign]
     state = State(Config(), client, {}, Stats(), time.monotonic, None, None)  # type: ignore[arg-type]
     p = Patcher(state, Notices())  # type: ignore[arg-type]
-    assert await p.release(decided) == CONFLICT
+    assert await p.release(decided) == PatchOutcome.CONFLICT
     assert client.patches == 2 and state.stats.patch_resent == 1
 
 
@@ -347,7 +353,7 @@ async def test_the_pod_read_after_a_refusal_serves_the_foreign_release_check() -
     state = State(Config(), client, {}, Stats(), time.monotonic, None, None)  # type: ignore[arg-type]
     notices = Notices()
     p = Patcher(state, notices)  # type: ignore[arg-type]
-    assert await p.release(decided) == CONFLICT
+    assert await p.release(decided) == PatchOutcome.CONFLICT
     await p.check_foreign_release(decided, None)  # type: ignore[arg-type]
     assert notices.foreign == [("c", "uid-c")] and client.gets == 1
 
@@ -365,5 +371,5 @@ async def test_a_refusal_on_a_pod_at_the_decided_version_is_not_sent_again() -> 
     client.json_patch = json_patch  # type: ignore[method-assign]
     state = State(Config(), client, {}, Stats(), time.monotonic, None, None)  # type: ignore[arg-type]
     p = Patcher(state, Notices())  # type: ignore[arg-type]
-    assert await p.release(decided) == CONFLICT
+    assert await p.release(decided) == PatchOutcome.CONFLICT
     assert client.patches == 1 and client.gets == 1

@@ -12,8 +12,6 @@ taken through its RayCluster (docs/testing.md).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -46,12 +44,12 @@ from tests.unit.podfactory import (
     workload,
 )
 from ungater._controller.controller import Controller
-from ungater._controller.patcher import DELETING
-from ungater._controller.reconciler import Changed
+from ungater._controller.reconciler import Outcome, Retry
 from ungater._controller.state import KindRuntime
-from ungater._controller.view import SNAPSHOT_ROUNDS, BoundsMoving
+from ungater._controller.view import SNAPSHOT_ROUNDS
 from ungater._decide.indexes import OwnerKey
 from ungater._decide.patches import FENCE_ANNOTATION
+from ungater._decide.refusals import PatchOutcome
 from ungater._kube.client import EVENTS, PODS, ApiError, Resource
 from ungater._kube.kueue import workload_resource
 from ungater._model.config import Config
@@ -136,7 +134,7 @@ def setup(
 
 
 def rt_of(ctl: Controller) -> KindRuntime:
-    return ctl.kinds[JOB]
+    return ctl.state.kinds[JOB]
 
 
 async def cached(ctl: Controller, key: OwnerKey, fake: FakeKube, pods: int) -> None:
@@ -146,7 +144,7 @@ async def cached(ctl: Controller, key: OwnerKey, fake: FakeKube, pods: int) -> N
         rt = rt_of(ctl)
         want = {p["metadata"]["uid"]: p["metadata"]["resourceVersion"] for p in fake.items(PODS)}
         have = {u: v.resource_version for u, v in rt.pods.by_uid.items()}
-        return bool(ctl.workloads.for_owner(key.uid)) and have == want and len(have) == pods
+        return bool(ctl.state.workloads.for_owner(key.uid)) and have == want and len(have) == pods
 
     await eventually(synced, timeout=5, what="caches synced with the fake")
 
@@ -228,19 +226,18 @@ async def test_each_patch_outcome_is_acted_on_and_unknown_ones_fail_the_reconcil
                 name(pods[6]): ApiError(503, "Service Unavailable"),
             },
         )
-        with pytest.raises(RuntimeError) as failed:
-            await ctl.reconciler.reconcile(key)
-        assert str(failed.value) == f"2 patch(es) failed for {key}"
+        outcome = await ctl.reconciler.reconcile(key)
+        assert outcome.retry == Retry.FAILED and outcome.decision is not None
         assert sorted(attempted) == sorted(name(p) for p in pods)
         assert ctl.stats.released == 2
-        assert ctl.expectations.pending(key) == {uid(pods[i]) for i in (0, 1)}
+        assert ctl.state.ledger.expectations.pending(key) == {uid(pods[i]) for i in (0, 1)}
         unknown = {uid(pods[i]) for i in (5, 6)}
-        assert set(ctl.state.uncertain) == unknown
-        assert {u.key for u in ctl.state.uncertain.values()} == {key}
-        assert ctl.state.ours == {uid(pods[i]) for i in (0, 1, 5, 6)}
+        assert ctl.state.ledger.uncertain_pods() == unknown
+        assert {u.key for _, u in ctl.state.ledger.uncertain_of(key)} == {key}
+        assert ctl.state.ledger.ours() == {uid(pods[i]) for i in (0, 1, 5, 6)}
         # expected in the deciding view: another pod index showing the pod clears nothing
-        assert ctl.expectations.observe(uid(pods[0]), OTHER_VIEW) is None
-        assert ctl.expectations.observe(uid(pods[0]), JOB) == key
+        assert ctl.state.ledger.expectations.observe(uid(pods[0]), OTHER_VIEW) is None
+        assert ctl.state.ledger.expectations.observe(uid(pods[0]), JOB) == key
         assert [gated(fake, p) for p in pods] == [False, False] + [True] * 5
 
 
@@ -252,17 +249,18 @@ async def test_a_refused_release_is_announced_and_the_pod_backs_off() -> None:
     async with standby(fake) as (ctl, _):
         await cached(ctl, key, fake, 2)
         script(fake, {name(pods[1]): refused_for_good()})
-        while len(ctl.queue):  # drain what the caches queued; only the notice may add it
-            ctl.queue.done(await ctl.queue.get())
-        await ctl.reconciler.reconcile(key)  # no Changed, no RuntimeError
+        while len(ctl.state.queue):  # drain what the caches queued; only the notice may add it
+            ctl.state.queue.done(await ctl.state.queue.get())
+        outcome = await ctl.reconciler.reconcile(key)
+        assert outcome.retry is None  # the pod backs off; the owner does not
+        assert outcome.after == 0.0  # re-decided at once: the next pod may take the slot
         assert ctl.stats.released == 1
-        assert ctl.blocked.get(uid(pods[1])) is not None
-        assert uid(pods[1]) not in ctl.expectations.pending(key)
-        assert uid(pods[1]) not in ctl.state.ours
+        assert ctl.state.blocked.get(uid(pods[1])) is not None
+        assert uid(pods[1]) not in ctl.state.ledger.expectations.pending(key)
+        assert not ctl.state.ledger.is_ours(uid(pods[1]))
         assert samples(ctl.metrics, "ungater_release_blocked_total") == {
             (("kind", "Job.batch"),): 1.0
         }
-        assert len(ctl.queue) == 1  # re-decided at once: the next pod may take the slot
         blocked = await eventually(lambda: events_of(fake, "ReleaseBlocked"), timeout=3)
         assert blocked[0]["involvedObject"]["kind"] == "Workload"
         assert name(pods[1]) in blocked[0]["message"]
@@ -281,7 +279,7 @@ async def test_a_releasable_pod_kept_gated_by_a_refusal_shows_as_stalled_once_pa
         await cached(ctl, key, fake, 2)
         script(fake, {name(pods[1]): refused_for_good()})
         await ctl.reconciler.reconcile(key)
-        assert ctl.blocked.get(uid(pods[1])) is not None
+        assert ctl.state.blocked.get(uid(pods[1])) is not None
         stalled = {(("kind", "Job.batch"),): 1.0}
         assert samples(ctl.metrics, "ungater_stalled_pods") == {(("kind", "Job.batch"),): 0.0}
         clock.now += 31.0  # past audit.stallSeconds (30)
@@ -305,12 +303,12 @@ async def test_a_pod_in_backoff_is_not_patched_again_and_a_later_release_clears_
         await ctl.reconciler.reconcile(key)
         assert sorted(attempted) == sorted([name(pods[0]), name(pods[1])])
         await cached(ctl, key, fake, 3)
-        await eventually(lambda: not ctl.expectations.pending(key), timeout=3)
+        await eventually(lambda: not ctl.state.ledger.expectations.pending(key), timeout=3)
         attempted.clear()
         await ctl.reconciler.reconcile(key)
         assert attempted == [name(pods[2])]  # not the pod in backoff
         await cached(ctl, key, fake, 3)
-        await eventually(lambda: not ctl.expectations.pending(key), timeout=3)
+        await eventually(lambda: not ctl.state.ledger.expectations.pending(key), timeout=3)
         # the backoff ran out; pod 2 ends, freeing a slot; the refused pod goes now
         clock.now += 600
         fake.put(PODS, release(pods[2], phase="Succeeded"))
@@ -319,24 +317,22 @@ async def test_a_pod_in_backoff_is_not_patched_again_and_a_later_release_clears_
         fake.drop_events = {"pods"}  # the release's own outcome clears it, not its watch event
         await ctl.reconciler.reconcile(key)
         assert not gated(fake, pods[0])
-        assert ctl.blocked.get(uid(pods[0])) is None
+        assert ctl.state.blocked.get(uid(pods[0])) is None
 
 
 @pytest.mark.parametrize(
     "error", [ApiError(404, "Not Found"), ApiError(409, "Conflict")], ids=["gone", "conflict"]
 )
 async def test_a_pod_gone_or_changed_under_the_patch_retries_the_owner(error: ApiError) -> None:
-    """The cache was behind the server: re-decide (``Changed`` names the owner, so the worker
-    backs off that key); the pod is no longer in flight nor ours."""
+    """The cache was behind the server: re-decide (the outcome asks the worker to back off
+    that key); the pod is no longer in flight nor ours."""
     fake = FakeKube()
     _, key, pods = setup(fake, pods=1, admitted=1)
     async with standby(fake) as (ctl, _):
         await cached(ctl, key, fake, 1)
         script(fake, {name(pods[0]): error})
-        with pytest.raises(Changed) as changed:
-            await ctl.reconciler.reconcile(key)
-        assert changed.value.args == (key,)
-        assert not ctl.expectations.pending(key) and not ctl.state.ours
+        assert (await ctl.reconciler.reconcile(key)).retry == Retry.CHANGED
+        assert not ctl.state.ledger.expectations.pending(key) and not ctl.state.ledger.ours()
 
 
 async def test_patches_skipped_after_leadership_was_lost_ask_for_no_retry() -> None:
@@ -347,9 +343,9 @@ async def test_patches_skipped_after_leadership_was_lost_ask_for_no_retry() -> N
     async with standby(fake) as (ctl, elector):
         await cached(ctl, key, fake, 2)
         elector.is_leader = False
-        decision = await ctl.reconciler.reconcile(key)
+        decision = (await ctl.reconciler.reconcile(key)).decision
         assert decision is not None and len(decision.releases) == 2
-        assert not ctl.expectations.pending(key) and not ctl.state.ours
+        assert not ctl.state.ledger.expectations.pending(key) and not ctl.state.ledger.ours()
         assert all(gated(fake, p) for p in pods) and ctl.stats.released == 0
 
 
@@ -358,7 +354,7 @@ async def test_a_pod_that_started_terminating_under_the_patch_keeps_its_gate_and
 ):
     """The pod started terminating after the view the decision read: the patch tests that
     view's version, so it is refused: no release, no gate removed from a pod that runs
-    nothing, the owner re-decided (``Changed``), nothing left in flight or ours."""
+    nothing, the owner re-decided (``Retry.CHANGED``), nothing left in flight or ours."""
     fake = FakeKube()
     j = fake.put(JOBS, job("train", parallelism=1))
     raw = job_pod(j, index=0)
@@ -370,17 +366,16 @@ async def test_a_pod_that_started_terminating_under_the_patch_keeps_its_gate_and
         await cached(ctl, key, fake, 1)
         fake.drop_events = {"pods"}
         fake.delete(PODS, NAMESPACE, name(p))  # terminating, still gated
-        with pytest.raises(Changed):
-            await ctl.reconciler.reconcile(key)
+        assert (await ctl.reconciler.reconcile(key)).retry == Retry.CHANGED
         assert ctl.stats.released == 0 and ctl.stats.patch_conflicts == 1
         assert gated(fake, p)
-        assert not ctl.expectations.pending(key) and not ctl.state.ours
-        assert not ctl.state.uncertain
+        assert not ctl.state.ledger.expectations.pending(key) and not ctl.state.ledger.ours()
+        assert not ctl.state.ledger.uncertain_pods()
 
 
 async def test_a_release_landing_on_a_terminating_pod_re_decides_and_keeps_it_expected() -> None:
     """The patch landed on a pod being deleted (outcome ``deleting``): no release, but the
-    owner is re-decided (``Changed``) and the pod stays expected and ours, no longer
+    owner is re-decided (``Retry.CHANGED``) and the pod stays expected and ours, no longer
     uncertain (the answer came)."""
     fake = FakeKube()
     j = fake.put(JOBS, job("train", parallelism=1))
@@ -390,15 +385,18 @@ async def test_a_release_landing_on_a_terminating_pod_re_decides_and_keeps_it_ex
     async with standby(fake) as (ctl, _):
         await cached(ctl, key, fake, 1)
 
-        async def landed_on_a_terminating_pod(releases: Any, rt: Any, **_: Any) -> dict[str, str]:
-            return {r.pod.uid: DELETING for r in releases}
+        async def landed_on_a_terminating_pod(
+            releases: Any, rt: Any, **_: Any
+        ) -> dict[str, PatchOutcome]:
+            return {r.pod.uid: PatchOutcome.DELETING for r in releases}
 
         ctl.reconciler.patcher.release_all = landed_on_a_terminating_pod  # type: ignore[method-assign]
-        with pytest.raises(Changed):
-            await ctl.reconciler.reconcile(key)
+        assert (await ctl.reconciler.reconcile(key)).retry == Retry.CHANGED
         assert ctl.stats.released == 0
-        assert ctl.expectations.pending(key) == {uid(p)} and ctl.state.ours == {uid(p)}
-        assert not ctl.state.uncertain
+        assert ctl.state.ledger.expectations.pending(key) == {
+            uid(p)
+        } and ctl.state.ledger.ours() == {uid(p)}
+        assert not ctl.state.ledger.uncertain_pods()
 
 
 async def test_released_pods_feed_the_wait_histogram_from_when_room_was_made() -> None:
@@ -440,7 +438,7 @@ async def test_a_release_is_announced_per_pod_set_with_its_count_and_latency() -
         }
         assert samples(ctl.metrics, "ungater_release_latency_seconds_count") == {(): 3.0}
         released = await eventually(lambda: events_of(fake, "Released"), timeout=3)
-        slice_ = ctl.workloads.for_owner(key.uid)[0]
+        slice_ = ctl.state.workloads.for_owner(key.uid)[0]
         assert [
             (e["involvedObject"]["kind"], e["involvedObject"]["uid"], e["message"])
             for e in released
@@ -518,18 +516,26 @@ async def test_settling_re_arms_only_pods_the_server_shows_released_and_live() -
         fake.delete(PODS, NAMESPACE, name(pods[5]))  # terminating (finalizer), gate gone
         malform(fake, pods[6])
         uids = [uid(p) for p in pods] + ["uid-never-cached"]
-        ctl.expectations.expect(key, uids, JOB)
+        ctl.state.ledger.expectations.expect(key, uids, JOB)
         clock.now += TIMEOUT + 1
         rt = rt_of(ctl)
-        await ctl.reconciler.settler.settle_expired(key, rt, ctl.expectations.expired(key))
-        assert ctl.expectations.pending(key) == {uid(pods[0])}
-        assert ctl.expectations.next_deadline(key) == TIMEOUT  # re-armed now, not left expired
-        assert ctl.expectations.expired_total == 8
-        assert ctl.expectations.observe(uid(pods[0]), OTHER_VIEW) is None  # the deciding view's
+        await ctl.reconciler.settler.settle_expired(
+            key, rt, ctl.state.ledger.expectations.expired(key)
+        )
+        assert ctl.state.ledger.expectations.pending(key) == {uid(pods[0])}
+        assert (
+            ctl.state.ledger.expectations.next_deadline(key) == TIMEOUT
+        )  # re-armed now, not left expired
+        assert ctl.state.ledger.expectations.expired_total == 8
+        assert (
+            ctl.state.ledger.expectations.observe(uid(pods[0]), OTHER_VIEW) is None
+        )  # the deciding view's
         clock.now += TIMEOUT + 1
-        await ctl.reconciler.settler.settle_expired(key, rt, ctl.expectations.expired(key))
-        assert ctl.expectations.expired_total == 9  # counts add up
-        assert ctl.expectations.pending(key) == {uid(pods[0])}
+        await ctl.reconciler.settler.settle_expired(
+            key, rt, ctl.state.ledger.expectations.expired(key)
+        )
+        assert ctl.state.ledger.expectations.expired_total == 9  # counts add up
+        assert ctl.state.ledger.expectations.pending(key) == {uid(pods[0])}
 
 
 @pytest.mark.parametrize("skipped", ["not cached", "replaced", "unreadable"])
@@ -550,11 +556,11 @@ async def test_one_pod_skipped_while_settling_does_not_stop_settling_the_next(sk
         else:
             malform(fake, pods[0])
         released_by_someone(fake, pods[1])
-        ctl.expectations.expect(key, [first, uid(pods[1])], JOB)
+        ctl.state.ledger.expectations.expect(key, [first, uid(pods[1])], JOB)
         clock.now += TIMEOUT + 1
         await ctl.reconciler.settler.settle_expired(key, rt_of(ctl), Ordered([first, uid(pods[1])]))
-        assert ctl.expectations.pending(key) == {uid(pods[1])}
-        assert ctl.expectations.next_deadline(key) == TIMEOUT
+        assert ctl.state.ledger.expectations.pending(key) == {uid(pods[1])}
+        assert ctl.state.ledger.expectations.next_deadline(key) == TIMEOUT
 
 
 async def test_an_expired_expectation_whose_read_fails_still_counts_and_is_settled_later() -> None:
@@ -569,20 +575,22 @@ async def test_an_expired_expectation_whose_read_fails_still_counts_and_is_settl
         await cached(ctl, key, fake, 2)
         fake.drop_events = {"pods"}
         released_by_someone(fake, pods[0])  # as our patch would have
-        ctl.expectations.expect(key, [uid(pods[0])], JOB)
+        ctl.state.ledger.expectations.expect(key, [uid(pods[0])], JOB)
         clock.now += TIMEOUT + 1
 
         def timing_out(obj: Any) -> Any:
             raise TimeoutError("the read timed out")
 
         client.rewrite["pods"] = timing_out
-        decision = await ctl.reconciler.reconcile(key)
+        decision = (await ctl.reconciler.reconcile(key)).decision
         assert decision is not None and not decision.releases
-        assert uid(pods[0]) in ctl.expectations.pending(key)
+        assert uid(pods[0]) in ctl.state.ledger.expectations.pending(key)
         assert gated(fake, pods[1]) and not fake.patches
         del client.rewrite["pods"]
         await ctl.reconciler.reconcile(key)
-        assert ctl.expectations.pending(key) == {uid(pods[0])}  # read: released, re-armed
+        assert ctl.state.ledger.expectations.pending(key) == {
+            uid(pods[0])
+        }  # read: released, re-armed
         assert gated(fake, pods[1]) and not fake.patches
 
 
@@ -598,19 +606,18 @@ async def test_a_reconcile_settles_an_unknown_outcome_and_counts_a_released_pod_
         await cached(ctl, key, fake, 2)
         fake.drop_events = {"pods"}
         attempted = script(fake, {name(pods[0]): ApiError(500, "Internal Server Error")})
-        with pytest.raises(RuntimeError):
-            await ctl.reconciler.reconcile(key)
+        assert (await ctl.reconciler.reconcile(key)).retry == Retry.FAILED
         assert attempted == [name(pods[0])]
-        assert set(ctl.state.uncertain) == {uid(pods[0])}
+        assert ctl.state.ledger.uncertain_pods() == {uid(pods[0])}
         released_by_someone(fake, pods[0])
         attempted.clear()
-        decision = await ctl.reconciler.reconcile(key)
+        decision = (await ctl.reconciler.reconcile(key)).decision
         assert decision is None  # it waits for the deciding view to show that release
         assert attempted == []
-        assert ctl.expectations.pending(key) == {uid(pods[0])}
-        assert not ctl.state.uncertain and uid(pods[0]) in ctl.state.ours
-        assert ctl.state.written[uid(pods[0])] == int(rv_of(fake, pods[0]))
-        assert ctl.expectations.expired_total == 0 and ctl.stats.fences == 0
+        assert ctl.state.ledger.expectations.pending(key) == {uid(pods[0])}
+        assert not ctl.state.ledger.uncertain_pods() and ctl.state.ledger.is_ours(uid(pods[0]))
+        assert ctl.state.ledger.written(uid(pods[0])) == int(rv_of(fake, pods[0]))
+        assert ctl.state.ledger.expectations.expired_total == 0 and ctl.stats.fences == 0
 
 
 @pytest.mark.parametrize(
@@ -634,8 +641,7 @@ async def test_an_unknown_outcome_stays_in_flight_while_it_cannot_be_settled(
     async with standby(fake) as (ctl, _):
         await cached(ctl, key, fake, 2)
         script(fake, {name(pods[0]): ApiError(500, "Internal Server Error")})
-        with pytest.raises(RuntimeError):
-            await ctl.reconciler.reconcile(key)
+        assert (await ctl.reconciler.reconcile(key)).retry == Retry.FAILED
         get = fake.get
         if failing == "the fence patch":
             attempted = script(fake, {name(pods[0]): OSError("connection reset (fake)")})
@@ -653,17 +659,16 @@ async def test_an_unknown_outcome_stays_in_flight_while_it_cannot_be_settled(
                 raise error
 
             monkeypatch.setattr(fake, "get", failing_get)
-        decision = await ctl.reconciler.reconcile(key)
-        assert set(ctl.state.uncertain) == {uid(pods[0])}
+        decision = (await ctl.reconciler.reconcile(key)).decision
+        assert ctl.state.ledger.uncertain_pods() == {uid(pods[0])}
         assert decision is not None and decision.pod_sets[0].in_flight == 1
         assert not decision.releases and name(pods[1]) not in attempted
         assert gated(fake, pods[1])
         assert ctl.stats.fences == 0
         monkeypatch.setattr(fake, "get", get)
         fake.before_patch = None
-        with contextlib.suppress(Changed):  # the cache has not shown the fence yet
-            await ctl.reconciler.reconcile(key)  # settled now: fenced
-        assert not ctl.state.uncertain and ctl.stats.fences == 1
+        await ctl.reconciler.reconcile(key)  # settled now: fenced (maybe re-decided: CHANGED)
+        assert not ctl.state.ledger.uncertain_pods() and ctl.stats.fences == 1
 
 
 async def test_an_unknown_outcome_on_an_unchanged_pod_is_fenced_then_released_once() -> None:
@@ -676,15 +681,12 @@ async def test_an_unknown_outcome_on_an_unchanged_pod_is_fenced_then_released_on
     async with standby(fake) as (ctl, _):
         await cached(ctl, key, fake, 2)
         script(fake, {name(pods[0]): ApiError(500, "Internal Server Error")})
-        with pytest.raises(RuntimeError):
-            await ctl.reconciler.reconcile(key)
+        assert (await ctl.reconciler.reconcile(key)).retry == Retry.FAILED
         tested = rv_of(fake, pods[0])
         fake.before_patch = None
         await eventually(lambda: rt_of(ctl).pods.by_uid.get(uid(pods[0])) is not None)
         for _ in range(3):  # until the cache shows the fenced version and the release lands
-            try:
-                await ctl.reconciler.reconcile(key)
-            except Changed:
+            if (await ctl.reconciler.reconcile(key)).retry == Retry.CHANGED:
                 await anyio.sleep(0.05)
                 continue
             if not gated(fake, pods[0]):
@@ -697,7 +699,7 @@ async def test_an_unknown_outcome_on_an_unchanged_pod_is_fenced_then_released_on
             fenced["metadata"]["annotations"].get(k) == v for k, v in before.items()
         )
         assert not gated(fake, pods[0]) and gated(fake, pods[1])
-        assert not ctl.state.uncertain
+        assert not ctl.state.ledger.uncertain_pods()
 
 
 async def test_an_unknown_outcome_on_a_pod_gone_since_is_not_reported_as_someone_elses() -> None:
@@ -711,18 +713,17 @@ async def test_an_unknown_outcome_on_a_pod_gone_since_is_not_reported_as_someone
     async with standby(fake) as (ctl, _):
         await cached(ctl, key, fake, 2)
         reported: list[str] = []
-        ctl.notices.foreign_release = lambda pod, rt: reported.append(pod.name)  # type: ignore[method-assign]
+        ctl.notices.foreign_release = lambda pod, rt, first: reported.append(pod.name)  # type: ignore[method-assign]
         held = fake.lag_watches("pods")
         fake.fail_patch(PatchFault.timed_out(0.0, 0.0, status=504), name=name(pods[0]))
-        with pytest.raises(RuntimeError):
-            await ctl.reconciler.reconcile(key)
-        assert set(ctl.state.uncertain) == {uid(pods[0])}
+        assert (await ctl.reconciler.reconcile(key)).retry == Retry.FAILED
+        assert ctl.state.ledger.uncertain_pods() == {uid(pods[0])}
         assert fake.late_patches[0].state == "landed"
         gone(fake, pods[0])
         attempted = script(fake, {})
-        with pytest.raises(Changed):  # settled as gone, then patched again on the cached view
-            await ctl.reconciler.reconcile(key)
-        assert attempted == [name(pods[0])] and not ctl.state.uncertain
+        # settled as gone, then patched again on the cached view
+        assert (await ctl.reconciler.reconcile(key)).retry == Retry.CHANGED
+        assert attempted == [name(pods[0])] and not ctl.state.ledger.uncertain_pods()
         held.release()
         await eventually(lambda: uid(pods[0]) not in rt_of(ctl).pods.by_uid, what="the delete")
         assert reported == []
@@ -739,18 +740,16 @@ async def test_pending_expectations_re_queue_the_owner_when_the_first_one_expire
     _, key, pods = setup(fake, pods=1, admitted=1)
     async with standby(fake, clock=clock) as (ctl, _):
         await cached(ctl, key, fake, 1)
-        ctl.expectations.expect(key, [uid(pods[0])], JOB)
+        ctl.state.ledger.expectations.expect(key, [uid(pods[0])], JOB)
         clock.now += TIMEOUT - 0.5  # half a second left
-        while len(ctl.queue):
-            ctl.queue.done(await ctl.queue.get())
+        while len(ctl.state.queue):
+            ctl.state.queue.done(await ctl.state.queue.get())
         before = ctl.stats.reconciles
-        started = asyncio.get_running_loop().time()
-        assert await ctl.reconciler.reconcile(key) is None
+        outcome = await ctl.reconciler.reconcile(key)
+        assert outcome.decision is None and outcome.retry is None
         assert ctl.stats.reconciles == before + 1
-        assert gated(fake, pods[0]) and key not in ctl.decisions
-        assert len(ctl.queue) == 0  # not re-queued at once, but at the first expiry
-        timer = ctl.queue._timers[key]
-        assert 0.45 <= timer.when() - started <= 0.55  # 0.5 s from the call
+        assert gated(fake, pods[0]) and key not in ctl.state.decisions
+        assert outcome.after == pytest.approx(0.5)  # not at once, but at the first expiry
 
 
 # -- the fence: fresh reads of the owner and of its slice -----------------------------------------
@@ -793,7 +792,7 @@ async def free_a_slot(ctl: Controller, fake: FakeKube, key: OwnerKey, pod: dict[
 
 
 async def synced_owner(ctl: Controller, key: OwnerKey) -> None:
-    await eventually(lambda: key.uid in ctl.state.owner_rv, timeout=3, what="the cached Job")
+    await eventually(lambda: key.uid in ctl.state.owners, timeout=3, what="the cached Job")
 
 
 async def synced_then_blind(ctl: Controller, fake: FakeKube, key: OwnerKey, plural: str) -> None:
@@ -816,7 +815,7 @@ async def test_a_freed_slot_is_refilled_after_reading_the_job_and_its_slice_fres
         fake.put(JOBS, j)  # the Job moves on; the cache does not see it
         await free_a_slot(ctl, fake, key, pods[0])
         client.gets.clear()
-        decision = await ctl.reconciler.reconcile(key)
+        decision = (await ctl.reconciler.reconcile(key)).decision
         assert decision is not None and decision.released_names == [name(pods[2])]
         assert not gated(fake, pods[2])
         reads = [r for r in client.gets if r.plural != "pods"]
@@ -829,7 +828,9 @@ async def test_a_freed_slot_is_refilled_after_reading_the_job_and_its_slice_fres
         assert ctl.state.workload_version == "v1beta2"
         now = fake.read(JOBS, NAMESPACE, name(j))
         assert now is not None
-        assert ctl.state.owner_rv[key.uid] < int(now["metadata"]["resourceVersion"])
+        assert int(ctl.state.owners.get(key.uid).resource_version) < int(
+            now["metadata"]["resourceVersion"]
+        )
 
 
 async def test_the_bounds_are_read_until_two_rounds_agree_and_nothing_goes_when_they_never_do() -> (
@@ -854,12 +855,11 @@ async def test_the_bounds_are_read_until_two_rounds_agree_and_nothing_goes_when_
             return obj
 
         client.rewrite["jobs"] = moving
-        with pytest.raises(BoundsMoving):
-            await ctl.reconciler.reconcile(key)
+        assert (await ctl.reconciler.reconcile(key)).retry == Retry.MOVING
         assert reads[0] == 1 + SNAPSHOT_ROUNDS
         assert gated(fake, pods[2]) and not fake.patches
         del client.rewrite["jobs"]
-        decision = await ctl.reconciler.reconcile(key)
+        decision = (await ctl.reconciler.reconcile(key)).decision
         assert decision is not None and decision.released_names == [name(pods[2])]
 
 
@@ -905,10 +905,10 @@ async def test_a_freed_slot_is_not_refilled_when_the_fresh_job_is_not_ours(how: 
             fake.put(JOBS, other)
         await free_a_slot(ctl, fake, key, pods[0])
         client.gets.clear()
-        assert await ctl.reconciler.reconcile(key) is None
+        assert (await ctl.reconciler.reconcile(key)).decision is None
         assert JOB_RESOURCE in client.gets  # it was read
         assert gated(fake, pods[2]) and not fake.patches
-        assert key not in ctl.decisions and not ctl.expectations.pending(key)
+        assert key not in ctl.state.decisions and not ctl.state.ledger.expectations.pending(key)
 
 
 @pytest.mark.parametrize("how", ["replaced", "gone"])
@@ -919,14 +919,14 @@ async def test_a_freed_slot_is_not_refilled_when_the_fresh_slice_is_not_ours(how
     j, key, pods = fenced_job(fake)
     async with standby(fake) as (ctl, _):
         await synced_then_blind(ctl, fake, key, "workloads")
-        old = ctl.workloads.for_owner(key.uid)[0]
+        old = ctl.state.workloads.for_owner(key.uid)[0]
         fake.delete(WORKLOADS, NAMESPACE, old.name)
         if how == "replaced":
             other = workload(j, {"main": 3}, admitted={"main": 3})
             other["metadata"]["uid"] = old.uid + "-other"
             fake.put(WORKLOADS, other)
         await free_a_slot(ctl, fake, key, pods[0])
-        decision = await ctl.reconciler.reconcile(key)
+        decision = (await ctl.reconciler.reconcile(key)).decision
         assert decision is not None and not decision.releases and decision.active_slice is None
         assert gated(fake, pods[2]) and not fake.patches
 
@@ -940,7 +940,7 @@ async def test_a_slice_lowered_in_place_is_honoured_from_the_fresh_read() -> Non
         await synced_then_blind(ctl, fake, key, "workloads")
         await free_a_slot(ctl, fake, key, pods[0])
         lowered = fake.put(WORKLOADS, workload(j, {"main": 3}, admitted={"main": 1}))
-        decision = await ctl.reconciler.reconcile(key)
+        decision = (await ctl.reconciler.reconcile(key)).decision
         assert decision is not None and not decision.releases
         assert gated(fake, pods[2]) and not fake.patches
         assert decision.pod_sets[0].cap == 1, lowered
@@ -957,23 +957,28 @@ async def test_an_owner_without_slices_is_forgotten_and_the_others_are_kept() ->
     _, gone_key, _ = setup(fake, pods=1, admitted=1, name="a")
     _, kept_key, _ = setup(fake, pods=1, admitted=1, name="b")
     async with standby(fake) as (ctl, _):
-        await eventually(lambda: len(rt_of(ctl).pods) == 2 and len(ctl.workloads) == 2, timeout=5)
+        await eventually(
+            lambda: len(rt_of(ctl).pods) == 2 and len(ctl.state.workloads) == 2, timeout=5
+        )
         fake.drop_events = {"pods"}  # the releases stay expected
-        tracker = ctl.auditor.tracker
+        tracker = ctl.state.auditor.tracker
         for key in (gone_key, kept_key):
             await ctl.reconciler.reconcile(key)
-            assert ctl.expectations.pending(key) and key in ctl.decisions
+            assert ctl.state.ledger.expectations.pending(key) and key in ctl.state.decisions
             tracker.releasable_since(key, ["u"], 1.0)
             ctl.notices._inactive_since[key] = 1.0
-        (wl,) = ctl.workloads.for_owner(gone_key.uid)
+        (wl,) = ctl.state.workloads.for_owner(gone_key.uid)
         fake.delete(WORKLOADS, NAMESPACE, wl.name)
-        await eventually(lambda: not ctl.workloads.for_owner(gone_key.uid), timeout=3)
+        await eventually(lambda: not ctl.state.workloads.for_owner(gone_key.uid), timeout=3)
         for _ in range(2):
-            assert await ctl.reconciler.reconcile(gone_key) is None
-        assert not ctl.expectations.pending(gone_key) and gone_key not in ctl.decisions
+            assert (await ctl.reconciler.reconcile(gone_key)) == Outcome()
+        assert (
+            not ctl.state.ledger.expectations.pending(gone_key)
+            and gone_key not in ctl.state.decisions
+        )
         assert tracker.releasable_since(gone_key, ["u"], 2.0) == {"u": 2.0}  # seen anew
         assert gone_key not in ctl.notices._inactive_since
-        assert ctl.expectations.pending(kept_key) and kept_key in ctl.decisions
+        assert ctl.state.ledger.expectations.pending(kept_key) and kept_key in ctl.state.decisions
         assert tracker.releasable_since(kept_key, ["u"], 2.0) == {"u": 1.0}  # remembered
         assert ctl.notices._inactive_since[kept_key] == 1.0
 
@@ -986,9 +991,9 @@ async def test_an_owner_of_a_kind_not_configured_is_left_alone() -> None:
     key = OwnerKey(NAMESPACE, js["metadata"]["uid"])
     async with standby(fake) as (ctl, _):
         wl = workload(js, {"workers": 1}, admitted={"workers": 1})
-        ctl.workloads.on_change(None, parse_workload(wl))
-        assert await ctl.reconciler.reconcile(key) is None
-        assert key not in ctl.decisions and not fake.patches
+        ctl.state.workloads.on_change(None, parse_workload(wl))
+        assert (await ctl.reconciler.reconcile(key)).decision is None
+        assert key not in ctl.state.decisions and not fake.patches
 
 
 async def test_a_kind_in_audit_mode_is_decided_and_recorded_but_never_patched() -> None:
@@ -999,12 +1004,12 @@ async def test_a_kind_in_audit_mode_is_decided_and_recorded_but_never_patched() 
     cfg = config(kinds=[{"group": "batch", "kind": "Job", "mode": "audit"}])
     async with standby(fake, cfg) as (ctl, _):
         await cached(ctl, key, fake, 3)
-        decision = await ctl.reconciler.reconcile(key)
+        decision = (await ctl.reconciler.reconcile(key)).decision
         assert decision is not None
         assert decision.released_names == [name(pods[0]), name(pods[1])]
-        assert ctl.decisions[key] is decision
+        assert ctl.state.decisions[key] is decision
         assert all(gated(fake, p) for p in pods) and not fake.patches
-        assert not ctl.expectations.pending(key) and ctl.stats.released == 0
+        assert not ctl.state.ledger.expectations.pending(key) and ctl.stats.released == 0
 
 
 # -- pod set updates -----------------------------------------------------------------------------
@@ -1072,11 +1077,11 @@ async def test_pods_kept_gated_by_conflicting_updates_are_announced_for_their_ow
     key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
     async with standby(fake) as (ctl, _):
         await cached(ctl, key, fake, 1)
-        decision = await ctl.reconciler.reconcile(key)
+        decision = (await ctl.reconciler.reconcile(key)).decision
         assert decision is not None and not decision.releases
         assert gated(fake, p) and not fake.patches
         (event,) = await eventually(lambda: events_of(fake, "PodSetUpdateConflict"), timeout=3)
-        slice_ = ctl.workloads.for_owner(key.uid)[0]
+        slice_ = ctl.state.workloads.for_owner(key.uid)[0]
         assert event["involvedObject"]["uid"] == slice_.uid
         assert event["type"] == "Warning"
 
@@ -1089,7 +1094,7 @@ async def test_a_slice_read_back_under_another_owner_is_no_longer_this_owners() 
     other = fake.put(JOBS, job("other", parallelism=1))
     async with standby(fake) as (ctl, _):
         await synced_then_blind(ctl, fake, key, "workloads")
-        (old,) = ctl.workloads.for_owner(key.uid)
+        (old,) = ctl.state.workloads.for_owner(key.uid)
         reowned = fake.read(WORKLOADS, NAMESPACE, old.name)
         assert reowned is not None
         reowned["metadata"]["ownerReferences"] = workload(other, {"main": 1})["metadata"][
@@ -1097,7 +1102,7 @@ async def test_a_slice_read_back_under_another_owner_is_no_longer_this_owners() 
         ]
         fake.put(WORKLOADS, reowned)
         await free_a_slot(ctl, fake, key, pods[0])
-        decision = await ctl.reconciler.reconcile(key)
+        decision = (await ctl.reconciler.reconcile(key)).decision
         assert decision is not None and not decision.releases and decision.active_slice is None
         assert gated(fake, pods[2]) and not fake.patches
 
@@ -1135,17 +1140,17 @@ async def test_a_rayjobs_pods_are_decided_through_its_rayclusters_size_and_hosts
     key = OwnerKey(NAMESPACE, owner["metadata"]["uid"])
     cfg = config(kinds=[{"group": "ray.io", "kind": "RayJob"}])
     async with standby(fake, cfg) as (ctl, _):
-        rt = ctl.kinds[Kind("ray.io", "RayJob")]
+        rt = ctl.state.kinds[Kind("ray.io", "RayJob")]
         await eventually(
             lambda: (
                 len(rt.pods) == 5
-                and ctl.workloads.has_owner(key.uid)
-                and ctl.state.objects_controlled_by(key.uid)
+                and ctl.state.workloads.has_owner(key.uid)
+                and ctl.state.objects.controlled_by(key.uid)
             ),
             timeout=5,
             what="the RayJob's slice, RayCluster and pods cached",
         )
-        decision = await ctl.reconciler.reconcile(key)
+        decision = (await ctl.reconciler.reconcile(key)).decision
         assert decision is not None
         want = [name(head), name(workers[0]), name(workers[1])]
         assert sorted(decision.released_names) == sorted(want)
@@ -1180,14 +1185,14 @@ async def test_a_freed_rayjob_slot_is_refilled_only_from_its_raycluster_read_fre
     key = OwnerKey(NAMESPACE, owner["metadata"]["uid"])
     cfg = config(kinds=[{"group": "ray.io", "kind": "RayJob"}])
     async with standby(fake, cfg, client=client) as (ctl, _):
-        rt = ctl.kinds[Kind("ray.io", "RayJob")]
+        rt = ctl.state.kinds[Kind("ray.io", "RayJob")]
 
         def synced() -> bool:
             want = {
                 p["metadata"]["uid"]: p["metadata"]["resourceVersion"] for p in fake.items(PODS)
             }
             have = {u: v.resource_version for u, v in rt.pods.by_uid.items()}
-            return have == want and bool(ctl.state.objects_controlled_by(key.uid))
+            return have == want and bool(ctl.state.objects.controlled_by(key.uid))
 
         await eventually(synced, timeout=5, what="the RayJob's RayCluster and pods cached")
         fake.drop_events = {"rayclusters"}
@@ -1208,7 +1213,7 @@ async def test_a_freed_rayjob_slot_is_refilled_only_from_its_raycluster_read_fre
         assert reads == [(RAYCLUSTERS, NAMESPACE, rc_name)] * 2
         assert gated(fake, workers[2]) == (fresh != "unchanged")
         assert not gated(fake, head)
-        assert [v.uid for v in ctl.state.objects_controlled_by(key.uid)] == [rc["metadata"]["uid"]]
+        assert [v.uid for v in ctl.state.objects.controlled_by(key.uid)] == [rc["metadata"]["uid"]]
 
 
 async def test_our_own_release_seen_and_then_ended_frees_its_slot() -> None:
@@ -1218,14 +1223,14 @@ async def test_our_own_release_seen_and_then_ended_frees_its_slot() -> None:
     _, key, pods = setup(fake, pods=2, admitted=1)
     async with standby(fake) as (ctl, _):
         await cached(ctl, key, fake, 2)
-        first = await ctl.reconciler.reconcile(key)
+        first = (await ctl.reconciler.reconcile(key)).decision
         assert first is not None and first.released_names == [name(pods[0])]
         await cached(ctl, key, fake, 2)
-        assert uid(pods[0]) in ctl.state.written
+        assert ctl.state.ledger.written(uid(pods[0])) is not None
         released_by_someone(fake, pods[0], phase="Failed")
         await cached(ctl, key, fake, 2)
-        assert not ctl.expectations.pending(key)  # the watch showed our release
-        second = await ctl.reconciler.reconcile(key)
+        assert not ctl.state.ledger.expectations.pending(key)  # the watch showed our release
+        second = (await ctl.reconciler.reconcile(key)).decision
         assert second is not None and second.released_names == [name(pods[1])]
         assert not gated(fake, pods[1])
 
@@ -1240,7 +1245,7 @@ async def test_releases_into_new_capacity_read_the_owner_and_slice_after_the_pod
         await cached(ctl, key, fake, 2)
         await synced_owner(ctl, key)
         client.gets.clear()
-        decision = await ctl.reconciler.reconcile(key)
+        decision = (await ctl.reconciler.reconcile(key)).decision
         assert decision is not None and len(decision.released_names) == 2
         reads = sorted(r.plural for r in client.gets if r.plural != "pods")
         assert reads == ["jobs", "jobs", "workloads", "workloads"]
@@ -1261,7 +1266,7 @@ async def test_a_job_shrunk_and_grown_back_unseen_by_the_caches_is_capped_by_its
         fake.put(WORKLOADS, workload(j, {"main": 1}, admitted={"main": 3}))
         released_by_someone(fake, pods[0], phase="Failed")
         await cached(ctl, key, fake, 3)
-        decision = await ctl.reconciler.reconcile(key)
+        decision = (await ctl.reconciler.reconcile(key)).decision
         assert decision is not None and not decision.releases
         assert gated(fake, pods[2]) and not fake.patches
 
@@ -1290,14 +1295,14 @@ async def test_a_freed_slot_of_a_kind_whose_owner_is_never_read_is_refilled_with
     _, key, pods = fenced_job(fake)
     async with standby(fake, client=client, plugins={"label-only": LabelOnlyJobs}) as (ctl, _):
         await cached(ctl, key, fake, 3)
-        assert ctl.kinds[JOB].handler.spec.owner_resource is None
+        assert ctl.state.kinds[JOB].handler.spec.owner_resource is None
         released_by_someone(fake, pods[0], phase="Failed")
         await cached(ctl, key, fake, 3)
         client.gets.clear()
-        decision = await ctl.reconciler.reconcile(key)
+        decision = (await ctl.reconciler.reconcile(key)).decision
         assert decision is not None and decision.released_names == [name(pods[2])]
         assert [r.plural for r in client.gets if r.plural != "pods"] == ["workloads"] * 2
-        assert key.uid not in ctl.state.owner_rv
+        assert key.uid not in ctl.state.owners
 
 
 async def test_a_freed_slot_whose_job_was_never_cached_is_refilled_after_reading_it() -> None:
@@ -1311,9 +1316,9 @@ async def test_a_freed_slot_whose_job_was_never_cached_is_refilled_after_reading
         await cached(ctl, key, fake, 3)
         released_by_someone(fake, pods[0], phase="Failed")
         await cached(ctl, key, fake, 3)
-        assert key.uid not in ctl.state.owner_rv
+        assert key.uid not in ctl.state.owners
         client.gets.clear()
-        decision = await ctl.reconciler.reconcile(key)
+        decision = (await ctl.reconciler.reconcile(key)).decision
         assert decision is not None and decision.released_names == [name(pods[2])]
         assert JOB_RESOURCE in client.gets
         assert fake.read(JOBS, NAMESPACE, name(j)) is not None
@@ -1330,7 +1335,7 @@ async def test_audit_mode_bounds_what_would_be_released_by_the_owners_size() -> 
     async with standby(fake, cfg) as (ctl, _):
         await cached(ctl, key, fake, 2)
         await synced_owner(ctl, key)
-        decision = await ctl.reconciler.reconcile(key)
+        decision = (await ctl.reconciler.reconcile(key)).decision
         assert decision is not None and decision.released_names == []
         assert gated(fake, pods[1]) and not fake.patches
 
@@ -1346,10 +1351,10 @@ async def test_audit_mode_keeps_each_owners_findings_apart() -> None:
     )
     async with standby(fake, cfg) as (ctl, _):
         clock = ManualClock(1000.0)
-        ctl.auditor.wall_clock = clock
+        ctl.state.auditor.wall_clock = clock
         await eventually(
             lambda: (
-                all(len(ctl.workloads.for_owner(k.uid)) == 1 for k in keys)
+                all(len(ctl.state.workloads.for_owner(k.uid)) == 1 for k in keys)
                 and len(rt_of(ctl).pods) == 4
             ),
             timeout=5,
@@ -1357,10 +1362,10 @@ async def test_audit_mode_keeps_each_owners_findings_apart() -> None:
         )
         for key in keys:
             await ctl.reconciler.reconcile(key)
-        assert ctl.auditor.reported == 0
+        assert ctl.state.auditor.reported == 0
         clock.now += 6.0
         for key in keys:
             await ctl.reconciler.reconcile(key)
-        reported = sorted(f.owner for f in ctl.auditor.tracker.findings())
-        assert ctl.auditor.reported == 2
+        reported = sorted(f.owner for f in ctl.state.auditor.tracker.findings())
+        assert ctl.state.auditor.reported == 2
         assert reported == [f"Job {NAMESPACE}/a", f"Job {NAMESPACE}/b"]

@@ -273,7 +273,9 @@ async def test_a_refused_patch_of_a_pod_another_writer_released_counts_it_and_st
         await eventually(lambda: ctl.stats.foreign_releases == 1, what="the foreign release")
         key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
         await eventually(
-            lambda: key in ctl.decisions and ctl.decisions[key].pod_sets[0].in_flight == 1,
+            lambda: (
+                key in ctl.state.decisions and ctl.state.decisions[key].pod_sets[0].in_flight == 1
+            ),
             what="a decision counting the other writer's release",
         )
         await holds_for(lambda: ctl.stats.patch_conflicts == 1, 0.5, what="no patch again")
@@ -364,7 +366,9 @@ async def test_a_pod_that_ended_before_the_view_showed_our_release_is_not_repatc
         assert ctl.stats.foreign_releases == 0
         # what we wrote is remembered while a view holds the pod, and forgotten with the pod
         first, second = (p["metadata"]["uid"] for p in pods)
-        assert set(ctl.state.written) == {first, second}
+        assert ctl.state.ledger.written_pods() == {first, second}
         fake.finalize(PODS, NAMESPACE, pods[0]["metadata"]["name"])
         fake.delete(PODS, NAMESPACE, pods[0]["metadata"]["name"])
-        await eventually(lambda: set(ctl.state.written) == {second}, what="forgotten when gone")
+        await eventually(
+            lambda: ctl.state.ledger.written_pods() == {second}, what="forgotten when gone"
+        )

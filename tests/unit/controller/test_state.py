@@ -17,9 +17,9 @@ from tests.fakekube import FakeKube
 from tests.unit.builders import NS, owner_ref, workload
 from tests.unit.podfactory import cluster_of, ray_owner
 from ungater._controller.controller import Controller
-from ungater._controller.state import OwnerFacts, State, Stats
+from ungater._controller.state import State, Stats
 from ungater._decide.decision import WAIT_CAPACITY, Decision, PodSetReport, Waiting
-from ungater._decide.indexes import OwnerKey
+from ungater._decide.indexes import OwnerFacts, OwnerKey
 from ungater._kube.gateguard import GuardStatus
 from ungater._kube.reflector import ReflectorStats
 from ungater._model.config import Config
@@ -104,36 +104,37 @@ def test_the_kind_of_an_owner_without_slices_is_none() -> None:
 
 
 def test_an_older_view_of_a_cached_object_does_not_replace_a_newer_one() -> None:
-    """A fresh read kept version 20; the watch's event of version 10 arrives after it."""
+    """A relist gave version 20; a late watch event of version 10 arrives after it."""
     s = state()
-    s.keep_object(cluster("rc", 20))
-    s.keep_object(cluster("rc", 10))
-    (held,) = s.objects.values()
+    s.objects.keep(cluster("rc", 20))
+    s.objects.keep(cluster("rc", 10))
+    (held,) = s.objects.by_uid.values()
     assert held.resource_version == "20"
-    s.keep_object(cluster("rc", 30))
-    (held,) = s.objects.values()
+    s.objects.keep(cluster("rc", 30))
+    (held,) = s.objects.by_uid.values()
     assert held.resource_version == "30"
-    assert [v.resource_version for v in s.objects_controlled_by(rayjob_uid("rayjob-a"))] == ["30"]
+    assert [v.resource_version for v in s.objects.controlled_by(rayjob_uid("rayjob-a"))] == ["30"]
 
 
 def test_an_object_that_moves_to_another_controller_leaves_the_first_ones_list() -> None:
     s = state()
-    s.keep_object(cluster("rc", 10, controller="rayjob-a"))
-    s.keep_object(cluster("rc", 11, controller="rayjob-b"))
-    assert s.objects_controlled_by(rayjob_uid("rayjob-a")) == []
-    assert [v.resource_version for v in s.objects_controlled_by(rayjob_uid("rayjob-b"))] == ["11"]
+    s.objects.keep(cluster("rc", 10, controller="rayjob-a"))
+    s.objects.keep(cluster("rc", 11, controller="rayjob-b"))
+    assert s.objects.controlled_by(rayjob_uid("rayjob-a")) == []
+    assert [v.resource_version for v in s.objects.controlled_by(rayjob_uid("rayjob-b"))] == ["11"]
 
 
 def test_forgetting_one_object_keeps_its_controllers_others() -> None:
     s = state()
     first, second = cluster("rc-1", 10), cluster("rc-2", 11)
-    s.keep_object(first)
-    s.keep_object(second)
-    s.forget_object(first)
-    assert [v.name for v in s.objects_controlled_by(rayjob_uid("rayjob-a"))] == ["rc-2"]
-    s.forget_object(second)
-    assert s.objects_controlled_by(rayjob_uid("rayjob-a")) == [] and not s.controlled
-    s.forget_object(second)  # forgotten twice (a fresh read, then the watch's DELETED)
+    s.objects.keep(first)
+    s.objects.keep(second)
+    s.objects.forget(first)
+    assert [v.name for v in s.objects.controlled_by(rayjob_uid("rayjob-a"))] == ["rc-2"]
+    s.objects.forget(second)
+    assert s.objects.controlled_by(rayjob_uid("rayjob-a")) == []
+    assert s.objects.sizes() == {"objects": 0, "controllers": 0}
+    s.objects.forget(second)  # forgotten twice: nothing left, no error
     assert not s.objects
 
 
@@ -158,45 +159,54 @@ def test_a_failing_owner_facts_hook_is_counted_each_time_and_leaves_no_facts_but
     view = s.parse_owner(rt, job_object())
     assert view.facts == {} and (view.uid, view.resource_version) == ("uid-train", "5")
     assert "cannot read this Job" in view.error
-    s.keep_owner(view)
-    assert "cannot read this Job" in s.owner_errors["uid-train"]
+    s.owners.keep(view)
+    assert "cannot read this Job" in held_error(s)
     s.parse_owner(rt, job_object())
     assert s.stats.plugin_errors == 2
     via = s.parse_via(rt, job_object())
     assert via.facts == {} and via.name == "train" and "cannot read this Job" in via.facts_error
     s.parse_via(rt, job_object())
     assert s.stats.plugin_errors == 4
-    s.keep_owner(OwnerFacts(NS, "uid-train", {"parallelism": 3}, "6"))  # read again: known
-    assert "uid-train" not in s.owner_errors
-    s.keep_owner(view.__class__(NS, "uid-train", {}, "7", "broken again"))
-    s.forget_owner(OwnerFacts(NS, "uid-train", {}, "8"))
-    assert "uid-train" not in s.owner_errors
+    s.owners.keep(OwnerFacts(NS, "uid-train", {"parallelism": 3}, "6"))  # read again: known
+    assert held_error(s) == ""
+    s.owners.keep(view.__class__(NS, "uid-train", {}, "7", "broken again"))
+    assert held_error(s) == "broken again"
+    s.owners.forget("uid-train")
+    assert "uid-train" not in s.owners
 
 
-def test_an_older_owner_event_does_not_replace_a_fresh_read() -> None:
+def held_error(s: State) -> str:
+    held = s.owners.get("uid-train")
+    assert held is not None
+    return held.error
+
+
+def test_an_older_owner_event_does_not_replace_a_newer_one() -> None:
     s = state()
-    s.keep_owner(OwnerFacts(NS, "uid-train", {"parallelism": 1}, "20"))
-    s.keep_owner(OwnerFacts(NS, "uid-train", {"parallelism": 3}, "10"))
-    assert s.owner_facts["uid-train"] == {"parallelism": 1} and s.owner_rv["uid-train"] == 20
-    s.keep_owner(OwnerFacts(NS, "uid-other", {"parallelism": 2}, "10"))  # another owner
-    assert s.owner_rv == {"uid-train": 20, "uid-other": 10}
+    s.owners.keep(OwnerFacts(NS, "uid-train", {"parallelism": 1}, "20"))
+    s.owners.keep(OwnerFacts(NS, "uid-train", {"parallelism": 3}, "10"))
+    held = s.owners.get("uid-train")
+    assert held is not None and held.facts == {"parallelism": 1}
+    assert held.resource_version == "20"
+    s.owners.keep(OwnerFacts(NS, "uid-other", {"parallelism": 2}, "10"))  # another owner
+    assert len(s.owners) == 2
 
 
-def test_an_owner_version_that_cannot_be_ordered_counts_as_older_than_any_pod_event() -> None:
-    """The fence compares the owner's resourceVersion with a pod's (at least 1)."""
+def test_an_owner_version_that_cannot_be_ordered_is_taken_as_it_comes() -> None:
+    """Without an etcd integer no order is known: the newcomer replaces what is held."""
     s = state()
-    s.keep_owner(OwnerFacts(NS, "uid-train", {"parallelism": 1}, "not-a-number"))
-    assert s.owner_facts["uid-train"] == {"parallelism": 1}
-    assert s.owner_rv["uid-train"] < 1
+    s.owners.keep(OwnerFacts(NS, "uid-train", {"parallelism": 1}, "20"))
+    s.owners.keep(OwnerFacts(NS, "uid-train", {"parallelism": 2}, "not-a-number"))
+    held = s.owners.get("uid-train")
+    assert held is not None and held.facts == {"parallelism": 2}
 
 
-def test_a_forgotten_owner_leaves_no_facts_and_no_version() -> None:
+def test_a_forgotten_owner_leaves_nothing() -> None:
     s = state()
-    view = OwnerFacts(NS, "uid-train", {"parallelism": 1}, "20")
-    s.keep_owner(view)
-    s.forget_owner(view)
-    assert "uid-train" not in s.owner_facts and "uid-train" not in s.owner_rv
-    s.forget_owner(view)  # twice: nothing left to forget, no error
+    s.owners.keep(OwnerFacts(NS, "uid-train", {"parallelism": 1}, "20"))
+    s.owners.forget("uid-train")
+    assert "uid-train" not in s.owners and len(s.owners) == 0
+    s.owners.forget("uid-train")  # twice: nothing left to forget, no error
 
 
 # -- figures -------------------------------------------------------------------------------------
@@ -237,8 +247,8 @@ async def test_a_snapshot_reports_each_figure_it_is_given() -> None:
     rt = s.kinds[JOB]
     s.queue.add(OwnerKey(NS, "a"))
     s.queue.add_rate_limited(OwnerKey(NS, "b"))
-    s.expectations.expect(OwnerKey(NS, "a"), ["uid-p"], JOB)
-    s.expectations.expired_total = 4
+    s.ledger.expectations.expect(OwnerKey(NS, "a"), ["uid-p"], JOB)
+    s.ledger.expectations.expired_total = 4
     sliced(s, "a", "wl-a")
     raw = {
         "apiVersion": "v1",
@@ -253,7 +263,7 @@ async def test_a_snapshot_reports_each_figure_it_is_given() -> None:
         "spec": {},
     }
     rt.pods.on_change(None, parse_pod(raw))
-    s.keep_object(cluster("rc", 10))
+    s.objects.keep(cluster("rc", 10))
     s.guard.status = {rt.gate: GuardStatus(rt.gate, "unguarded")}
     watches = [
         ("pods", reflector_stats(watch_restarts=2, relists_gone=1)),

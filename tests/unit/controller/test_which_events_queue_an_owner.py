@@ -27,8 +27,9 @@ from tests.unit.podfactory import (
 )
 from ungater._controller.controller import Controller
 from ungater._controller.handlers import _admission_changed
-from ungater._controller.state import GONE_REMEMBERED, KindRuntime
+from ungater._controller.state import KindRuntime
 from ungater._decide.indexes import OwnerKey
+from ungater._decide.ledger import GONE_REMEMBERED
 from ungater._kube.client import PODS, Resource
 from ungater._model.config import Config
 from ungater._model.views import parse_object, parse_pod, parse_workload
@@ -58,15 +59,15 @@ def controller(clock: ManualClock | None = None) -> Controller:
 
 
 def runtime(ctl: Controller, kind: str) -> KindRuntime:
-    return next(rt for k, rt in ctl.kinds.items() if k.kind == kind)
+    return next(rt for k, rt in ctl.state.kinds.items() if k.kind == kind)
 
 
 async def queued(ctl: Controller) -> list[OwnerKey]:
     """Empty the work queue; the keys it held, in order."""
     keys = []
-    for _ in range(len(ctl.queue)):
-        key = await ctl.queue.get()
-        ctl.queue.done(key)
+    for _ in range(len(ctl.state.queue)):
+        key = await ctl.state.queue.get()
+        ctl.state.queue.done(key)
         keys.append(key)
     return keys
 
@@ -132,7 +133,9 @@ async def test_a_pod_update_queues_its_owner_only_when_the_decision_reads_it(
     raw = job_pod(owner, index=0)
     on_pod(None, parse_pod(raw))
     assert await queued(ctl) == [key]
-    ctl.state.ours.add(raw["metadata"]["uid"])  # a release of ours: no foreign-release noise
+    ctl.state.ledger.mine(
+        raw["metadata"]["uid"], raw["metadata"]["namespace"], raw["metadata"]["name"]
+    )  # a release of ours: no foreign-release noise
     new = copy.deepcopy(raw)
     change(new)
     _bumped(new)
@@ -153,11 +156,11 @@ async def test_a_child_job_cached_after_its_pods_queues_the_jobset_and_its_delet
     await queued(ctl)
     child = parse_object(jobset_child_job(js, "workers", 0))
     ctl.handlers.on_object(None, child)
-    assert ctl.objects[child.uid] == child
+    assert ctl.state.objects.by_uid[child.uid] == child
     assert ctl.state.owners_of(child.namespace, child.uid) == [key]
     assert await queued(ctl) == [key]
     ctl.handlers.on_object(child, None)
-    assert child.uid not in ctl.objects
+    assert child.uid not in ctl.state.objects.by_uid
     assert ctl.state.owners_of(child.namespace, child.uid) == []
     assert await queued(ctl) == [key]
 
@@ -190,7 +193,7 @@ async def test_an_owner_whose_facts_change_makes_room_and_its_deletion_forgets_i
     first = parse(owner)
     clock.now = 5.0
     ctl.handlers.on_owner(None, first)  # first seen: room may have been made
-    assert ctl.state.owner_facts[owner["metadata"]["uid"]] == first.facts
+    assert ctl.state.owners.get(owner["metadata"]["uid"]).facts == first.facts
     clock.now = 7.0
     assert ctl.state.releasable.waited(key, uid) == 2.0
     same = copy.deepcopy(owner)
@@ -206,7 +209,7 @@ async def test_an_owner_whose_facts_change_makes_room_and_its_deletion_forgets_i
     assert ctl.state.releasable.waited(key, uid) == 1.0
     await queued(ctl)
     ctl.handlers.on_owner(parse(grown), None)
-    assert owner["metadata"]["uid"] not in ctl.state.owner_facts
+    assert owner["metadata"]["uid"] not in ctl.state.owners
     assert ctl.state.releasable.waited(key, uid) == 9.0  # back to when the pod was seen
     assert await queued(ctl) == [key]
 
@@ -387,7 +390,7 @@ async def test_an_owner_with_no_workload_is_cached_but_not_queued() -> None:
     owner = job("no-slice-yet")
     facts = ctl.handlers.owner_parser(rt)(owner)
     ctl.handlers.on_owner(None, facts)
-    assert owner["metadata"]["uid"] in ctl.state.owner_facts
+    assert owner["metadata"]["uid"] in ctl.state.owners
     assert await queued(ctl) == []
 
 
@@ -420,17 +423,17 @@ async def test_only_the_deciding_kinds_view_clears_its_expectation_and_only_once
     uid = gated["metadata"]["uid"]
     for rt in (job_rt, jobset_rt):
         ctl.handlers.pod_handler(rt)(None, parse_pod(gated))
-    ctl.state.ours.add(uid)
-    ctl.state.expectations.expect(key, [uid], job_rt.kind)
+    ctl.state.ledger.mine(uid, gated["metadata"]["namespace"], gated["metadata"]["name"])
+    ctl.state.ledger.expectations.expect(key, [uid], job_rt.kind)
     still_gated = copy.deepcopy(gated)
     _relabelled(still_gated)
     ctl.handlers.pod_handler(job_rt)(parse_pod(gated), parse_pod(still_gated))
-    assert ctl.state.expectations.pending(key) == {uid}  # still gated: not settled
+    assert ctl.state.ledger.expectations.pending(key) == {uid}  # still gated: not settled
     released = release(still_gated)
     ctl.handlers.pod_handler(jobset_rt)(parse_pod(still_gated), parse_pod(released))
-    assert ctl.state.expectations.pending(key) == {uid}  # another kind's view
+    assert ctl.state.ledger.expectations.pending(key) == {uid}  # another kind's view
     ctl.handlers.pod_handler(job_rt)(parse_pod(still_gated), parse_pod(released))
-    assert ctl.state.expectations.pending(key) == frozenset()
+    assert ctl.state.ledger.expectations.pending(key) == frozenset()
 
 
 async def test_a_gated_pod_changing_otherwise_is_no_foreign_release() -> None:
@@ -458,15 +461,16 @@ async def test_a_pod_is_forgotten_only_when_no_kinds_view_holds_it_any_more() ->
     for rt in (job_rt, jobset_rt):
         ctl.handlers.pod_handler(rt)(None, view)
     s = ctl.state
-    s.ours.add(uid)
-    s.written[uid] = 7
-    s.foreign_seen.add(uid)
+    led = s.ledger
+    led.mine(uid, raw["metadata"]["namespace"], raw["metadata"]["name"])
+    led.wrote(uid, 7)
+    led.foreign(uid)
     ctl.handlers.pod_handler(jobset_rt)(view, None)  # left one selector only
-    assert uid in s.ours and uid in s.written and uid in s.foreign_seen
+    assert led.is_ours(uid) and led.written(uid) == 7 and uid in led.foreign_pods()
     clock.now = 4.0
     assert s.releasable.waited(key, uid) == 4.0
     ctl.handlers.pod_handler(job_rt)(view, None)
-    assert uid not in s.ours and uid not in s.written and uid not in s.foreign_seen
+    assert not led.is_ours(uid) and led.written(uid) is None and uid not in led.foreign_pods()
     assert s.releasable.waited(key, uid) is None
 
 
@@ -483,10 +487,10 @@ async def test_a_lagging_watch_replaying_a_gone_pods_release_is_no_foreign_relea
     uid = gated["metadata"]["uid"]
     s = ctl.state
     ctl.handlers.pod_handler(job_rt)(None, parse_pod(gated))
-    s.ours.add(uid)
+    s.ledger.mine(uid, gated["metadata"]["namespace"], gated["metadata"]["name"])
     ctl.handlers.pod_handler(job_rt)(parse_pod(gated), parse_pod(release(gated)))
     ctl.handlers.pod_handler(job_rt)(parse_pod(release(gated)), None)  # gone from every view
-    assert uid not in s.ours and uid in s.gone
+    assert not s.ledger.is_ours(uid) and s.ledger.is_gone(uid)
     ctl.handlers.pod_handler(jobset_rt)(None, parse_pod(gated))  # the lagging watch's replay
     ctl.handlers.pod_handler(jobset_rt)(parse_pod(gated), parse_pod(release(gated)))
     assert s.stats.foreign_releases == 0
@@ -500,11 +504,12 @@ def test_the_gone_pods_remembered_are_bounded_oldest_first_out() -> None:
     s = controller().state
     for i in range(GONE_REMEMBERED + 2):
         s.forget_pod(f"uid-{i}")
-    assert len(s.gone) == GONE_REMEMBERED
-    assert "uid-0" not in s.gone and "uid-1" not in s.gone and "uid-2" in s.gone
+    gone = s.ledger.is_gone
+    assert s.ledger.sizes()["gone"] == GONE_REMEMBERED
+    assert not gone("uid-0") and not gone("uid-1") and gone("uid-2")
     s.forget_pod("uid-2")  # seen gone again: now the newest
     s.forget_pod("uid-x")
-    assert "uid-2" in s.gone and "uid-3" not in s.gone
+    assert gone("uid-2") and not gone("uid-3")
 
 
 def _with_rv(raw: dict[str, Any], rv: int) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from tests.objects import WORKLOADS, workload
 from tests.polling import eventually
 from tests.unit.harness import started
 from ungater._controller.controller import Controller
-from ungater._controller.reconciler import Changed
+from ungater._controller.reconciler import Outcome, Retry
 from ungater._decide.indexes import OwnerKey
 from ungater._kube.client import EVENTS, ApiError
 from ungater._model.config import Config
@@ -49,7 +49,7 @@ def config(**extra: Any) -> Config:
     )
 
 
-Step = Callable[[OwnerKey], Awaitable[None]]
+Step = Callable[[OwnerKey], Awaitable[Outcome]]
 
 
 class Script:
@@ -60,28 +60,36 @@ class Script:
         self.steps = steps
         self.calls: list[str] = []
 
-    async def reconcile(self, key: OwnerKey) -> None:
+    async def reconcile(self, key: OwnerKey) -> Outcome:
         self.calls.append(key.uid)
         steps = self.steps[key.uid]
         step = steps.pop(0) if len(steps) > 1 else steps[0]
-        await step(key)
+        return await step(key)
 
 
-async def ok(key: OwnerKey) -> None:
-    return None
+async def ok(key: OwnerKey) -> Outcome:
+    return Outcome()
+
+
+def returning(outcome: Outcome) -> Step:
+    async def step(key: OwnerKey) -> Outcome:
+        return outcome
+
+    return step
 
 
 def raising(exc: Exception) -> Step:
-    async def step(key: OwnerKey) -> None:
+    async def step(key: OwnerKey) -> Outcome:
         raise exc
 
     return step
 
 
 def sleeping(seconds: float, finished: list[str]) -> Step:
-    async def step(key: OwnerKey) -> None:
+    async def step(key: OwnerKey) -> Outcome:
         await anyio.sleep(seconds)
         finished.append(key.uid)
+        return Outcome()
 
     return step
 
@@ -110,9 +118,10 @@ def key(uid: str) -> OwnerKey:
 
 
 async def test_each_reconcile_outcome_is_counted_by_result_and_retried_until_it_succeeds() -> None:
-    """Success, a conflict (``Changed``), a plugin error, any other error: each is counted
-    under its result; the failures are retried with backoff until they succeed, and a success
-    clears the key's backoff."""
+    """Success, a look again later, a retry the reconcile asks for (pods changed, patches
+    failed), a plugin error, any other error: each is counted under its result; the failures
+    are retried with backoff until they succeed, a success clears the key's backoff, and a
+    look again later comes back without one."""
     fake = FakeKube()
     metrics = Metrics()
     ctl = controller(fake, metrics=metrics)
@@ -120,7 +129,9 @@ async def test_each_reconcile_outcome_is_counted_by_result_and_retried_until_it_
     script = Script(
         {
             "ok": [ok],
-            "conflict": [raising(Changed("pod changed")), ok],
+            "conflict": [returning(Outcome(retry=Retry.CHANGED)), ok],
+            "failed": [returning(Outcome(retry=Retry.FAILED)), ok],
+            "later": [returning(Outcome(after=0.05)), ok],
             "plugin": [
                 raising(PluginError(PLUGIN, "ungater_sort_key", "bad key")),
                 raising(PluginError(PLUGIN, "ungater_sort_key", "bad key again")),
@@ -132,11 +143,11 @@ async def test_each_reconcile_outcome_is_counted_by_result_and_retried_until_it_
     ctl.reconciler = script  # type: ignore[assignment]
     async with started(ctl):
         for uid in script.steps:
-            ctl.queue.add(key(uid))
+            ctl.state.queue.add(key(uid))
         await eventually(
             lambda: (
                 sorted(script.calls)
-                == sorted(["ok", *["conflict"] * 2, *["plugin"] * 3, *["boom"] * 3])
+                == sorted(["ok", *["conflict", "failed", "later"] * 2, *["plugin", "boom"] * 3])
             ),
             timeout=5,
             what="every key retried until it succeeded",
@@ -144,17 +155,17 @@ async def test_each_reconcile_outcome_is_counted_by_result_and_retried_until_it_
         await eventually(lambda: ctl._busy == 0, timeout=2, what="the workers idle")
     results = {k: v for k, v in samples(metrics, "ungater_reconcile_total").items() if v}
     assert results == {
-        (("result", "success"),): 4.0,
+        (("result", "success"),): 7.0,
         (("result", "conflict"),): 1.0,
         (("result", "plugin_error"),): 2.0,
-        (("result", "error"),): 2.0,
+        (("result", "error"),): 3.0,
     }
-    assert (ctl.stats.plugin_errors, ctl.stats.reconcile_errors) == (2, 2)
+    assert (ctl.stats.plugin_errors, ctl.stats.reconcile_errors) == (2, 2)  # raised ones
     assert samples(metrics, "ungater_plugin_errors_total") == {(("plugin", "acme-jobs"),): 2.0}
-    assert all(ctl.queue.failures(key(uid)) == 0 for uid in script.steps)
+    assert all(ctl.state.queue.failures(key(uid)) == 0 for uid in script.steps)
     (count,) = samples(metrics, "ungater_reconcile_duration_seconds_count").values()
     (total,) = samples(metrics, "ungater_reconcile_duration_seconds_sum").values()
-    assert count == 9.0 and 0.0 <= total < 5.0  # each one's own duration, not a timestamp
+    assert count == 13.0 and 0.0 <= total < 5.0  # each one's own duration, not a timestamp
 
 
 async def test_a_plugin_error_is_announced_on_the_owners_slice_with_its_message() -> None:
@@ -172,8 +183,8 @@ async def test_a_plugin_error_is_announced_on_the_owners_slice_with_its_message(
     async with anyio.create_task_group() as tg:
         tg.start_soon(events.run)
         async with started(ctl):
-            await eventually(lambda: ctl.workloads.has_owner("uid-train"), timeout=3)
-            ctl.queue.add(key("uid-train"))
+            await eventually(lambda: ctl.state.workloads.has_owner("uid-train"), timeout=3)
+            ctl.state.queue.add(key("uid-train"))
             sent = await eventually(
                 lambda: [e for e in fake.items(EVENTS, NS) if e["reason"] == "PluginError"],
                 timeout=3,
@@ -197,14 +208,14 @@ async def test_a_reconcile_cancelled_by_a_lost_term_is_queued_again() -> None:
         await anyio.sleep_forever()
 
     ctl.reconciler = Script({"a": [blocks]})  # type: ignore[assignment]
-    ctl.queue.add(key("a"))
+    ctl.state.queue.add(key("a"))
     async with anyio.create_task_group() as tg:
         tg.start_soon(ctl._worker)
         with anyio.fail_after(3):
             await started.wait()
         tg.cancel_scope.cancel()
     with anyio.fail_after(1):
-        assert await ctl.queue.get() == key("a")
+        assert await ctl.state.queue.get() == key("a")
 
 
 async def test_a_controller_calls_the_reconciler_for_the_key_it_is_given() -> None:
@@ -227,8 +238,8 @@ async def test_stopping_lets_every_reconcile_in_flight_finish() -> None:
     script = Script({"a": [sleeping(0.1, finished)], "b": [sleeping(0.4, finished)]})
     ctl.reconciler = script  # type: ignore[assignment]
     async with started(ctl) as stop:
-        ctl.queue.add(key("a"))
-        ctl.queue.add(key("b"))
+        ctl.state.queue.add(key("a"))
+        ctl.state.queue.add(key("b"))
         await eventually(lambda: ctl._busy == 2, timeout=2, what="both in flight")
         stop.set()
     assert sorted(finished) == ["a", "b"]
@@ -240,7 +251,7 @@ async def test_a_reconcile_that_never_ends_holds_the_stop_only_for_the_grace() -
     ctl.reconciler = Script({"a": [sleeping(3600, [])]})  # type: ignore[assignment]
     with anyio.fail_after(3):
         async with started(ctl, grace=0.2) as stop:
-            ctl.queue.add(key("a"))
+            ctl.state.queue.add(key("a"))
             await eventually(lambda: ctl._busy == 1, timeout=2, what="in flight")
             stop.set()
 
@@ -318,7 +329,7 @@ async def test_the_gate_guard_is_checked_every_interval_and_never_when_turned_of
     ctl = controller(FakeKube(), config(policyCheckIntervalSeconds=interval))
     async with started(ctl):
         if interval:
-            await eventually(lambda: ctl.guard.checks >= 3, timeout=3, what="periodic checks")
+            await eventually(lambda: ctl.state.guard.checks >= 3, timeout=3, what="periodic checks")
         else:
             await anyio.sleep(0.2)
-            assert ctl.guard.checks == 0
+            assert ctl.state.guard.checks == 0

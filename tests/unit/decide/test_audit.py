@@ -226,8 +226,8 @@ async def test_audit_mode_reports_an_over_release_and_never_patches() -> None:
     owner = setup_job(fake, 4, released_ix={0, 1, 2})
     fake.put(WORKLOADS, workload(owner, "train-a", count=4, admitted=2))
     async with running(fake, audit_config(), observed=True) as ctl:
-        await eventually(lambda: ctl.auditor.reported >= 1, what="a reported finding")
-        (f,) = ctl.auditor.tracker.findings()
+        await eventually(lambda: ctl.state.auditor.reported >= 1, what="a reported finding")
+        (f,) = ctl.state.auditor.tracker.findings()
         assert (
             f.finding == OVER_RELEASE and f.workload == "train-a" and f.owner == f"Job {NS}/train"
         )
@@ -262,18 +262,18 @@ async def test_audit_mode_reports_a_stall_without_any_event() -> None:
     fake.put(WORKLOADS, workload(owner, "train-a", count=3, admitted=2))
     async with running(fake, audit_config(), observed=True) as ctl:
         await eventually(
-            lambda: any(f.finding == STALLED for f in ctl.auditor.tracker.findings()),
+            lambda: any(f.finding == STALLED for f in ctl.state.auditor.tracker.findings()),
             timeout=5,
             what="a stall, from the requeue alone",
         )
-        (f,) = [f for f in ctl.auditor.tracker.findings() if f.finding == STALLED]
+        (f,) = [f for f in ctl.state.auditor.tracker.findings() if f.finding == STALLED]
         assert f.pods == ("train-1-x001",)
         # someone releases it: the stall resolves, nothing was patched by us
         pod = fake.read(PODS, NS, "train-1-x001")
         assert pod is not None
         pod["spec"]["schedulingGates"] = []
         fake.put(PODS, pod)
-        await eventually(lambda: not ctl.auditor.tracker.findings(), what="resolved")
+        await eventually(lambda: not ctl.state.auditor.tracker.findings(), what="resolved")
         assert not fake.patches
 
 
@@ -323,7 +323,9 @@ async def test_an_open_stall_is_not_polled_in_a_loop() -> None:
     owner = setup_job(fake, 2, released_ix=set())
     fake.put(WORKLOADS, workload(owner, "train-a", count=2, admitted=1))
     async with running(fake, audit_config(), observed=True) as ctl:
-        await eventually(lambda: any(f.finding == STALLED for f in ctl.auditor.tracker.findings()))
+        await eventually(
+            lambda: any(f.finding == STALLED for f in ctl.state.auditor.tracker.findings())
+        )
         before = ctl.stats.reconciles
         await anyio.sleep(0.5)
         # nothing changes: at most a look or two, not one every 50 ms

@@ -31,7 +31,7 @@ def test_the_newest_write_is_kept_whatever_order_they_are_recorded_in() -> None:
     led = ledger()
     led.wrote("pod", 10)
     led.wrote("pod", 5)  # a late record of an older write (the fence's read, say)
-    assert led.written["pod"] == 10
+    assert led.written("pod") == 10
 
 
 def test_a_release_known_from_another_view_counts_whatever_this_view_shows() -> None:
@@ -39,7 +39,8 @@ def test_a_release_known_from_another_view_counts_whatever_this_view_shows() -> 
     led.wrote("ours", 10)
     assert not led.released_unseen("ours", 12)
     assert led.released_unseen("ours", 8)
-    led.foreign_seen.add("theirs")
+    assert led.foreign("theirs")  # noted the first time
+    assert not led.foreign("theirs")
     assert led.released_unseen("theirs", 99)
     assert not led.released_unseen("nobody", 1)
 
@@ -48,22 +49,28 @@ def test_sending_expects_records_where_and_marks_uncertain() -> None:
     led = ledger()
     led.sending(KEY, [("pod", "team-a", "train-0", "7")], "view")
     assert led.expectations.pending(KEY) == {"pod"}
-    assert led.uncertain["pod"].resource_version == "7" and led.uncertain["pod"].key == KEY
-    assert led.locate("pod") == ("team-a", "train-0") and "pod" in led.ours
+    u = led.uncertain("pod")
+    assert u is not None and u.resource_version == "7" and u.key == KEY
+    assert led.locate("pod") == ("team-a", "train-0") and led.is_ours("pod")
+    led.resent("pod", "9")  # refused, sent again on the pod as it is now
+    assert (led.uncertain("pod") or u).resource_version == "9"
+    led.answered("pod")
+    assert led.uncertain("pod") is None and led.uncertain_pods() == frozenset()
     led.not_mine("pod")
-    assert "pod" not in led.ours
+    assert not led.is_ours("pod")
 
 
 def test_forgetting_a_pod_drops_everything_kept_about_it_and_remembers_it_went() -> None:
     led = ledger()
     led.sending(KEY, [("pod", "team-a", "train-0", "7")], "view")
     led.wrote("pod", 8)
-    led.foreign_seen.add("pod")
+    led.foreign("pod")
     led.forget_pod("pod")
     assert led.locate("pod") is None
-    assert "pod" not in led.uncertain and "pod" not in led.written
-    assert "pod" not in led.ours and "pod" not in led.foreign_seen
-    assert "pod" in led.gone
+    assert led.uncertain("pod") is None and led.written("pod") is None
+    assert not led.is_ours("pod") and "pod" not in led.foreign_pods()
+    assert led.is_gone("pod")
+    assert {k: v for k, v in led.sizes().items() if v} == {"expectations": 1, "gone": 1}
 
 
 def test_gone_remembers_the_newest_pods_within_its_bound() -> None:
@@ -71,9 +78,10 @@ def test_gone_remembers_the_newest_pods_within_its_bound() -> None:
     for i in range(GONE_REMEMBERED + 2):
         led.went(f"pod-{i}")
     led.went("pod-2")  # seen gone again: the newest now
-    assert len(led.gone) == GONE_REMEMBERED
-    assert "pod-0" not in led.gone and "pod-1" not in led.gone
-    assert next(reversed(led.gone)) == "pod-2"
+    assert led.sizes()["gone"] == GONE_REMEMBERED
+    assert not led.is_gone("pod-0") and not led.is_gone("pod-1")
+    led.went("pod-x")  # one more: the oldest goes, and pod-2 is no longer the oldest
+    assert led.is_gone("pod-2") and not led.is_gone("pod-3")
 
 
 def test_a_term_is_proven_once_every_cache_is_at_or_past_its_start() -> None:

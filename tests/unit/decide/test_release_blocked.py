@@ -22,11 +22,8 @@ from tests.unit.builders import workload as raw_workload
 from tests.unit.harness import running
 from ungater._decide.decision import CONSUME_PROVISIONING_REQUEST, decide
 from ungater._decide.refusals import (
-    BLOCKED,
-    CONFLICT,
-    ERROR,
-    GONE,
     BlockedReleases,
+    PatchOutcome,
     classify_patch_error,
     server_message,
 )
@@ -56,29 +53,49 @@ POLICY_403 = (
 @pytest.mark.parametrize(
     ("status", "message", "body", "want"),
     [
-        (404, "not found", "", GONE),
-        (409, "the object has been modified", "", CONFLICT),
+        (404, "not found", "", PatchOutcome.GONE),
+        (409, "the object has been modified", "", PatchOutcome.CONFLICT),
         (
             422,
             "the server rejected our request due to an error in our request",
             GENERIC_422,
-            CONFLICT,
+            PatchOutcome.CONFLICT,
         ),
-        (422, "", GENERIC_422, CONFLICT),
-        (422, "testing value /spec/schedulingGates/0/name failed: test failed", "", CONFLICT),
-        (403, POLICY_403, "", BLOCKED),
-        (403, 'pods "p" is forbidden: User "u" cannot patch resource "pods"', "", BLOCKED),
-        (400, 'admission webhook "deny.example.com" denied the request: no', "", BLOCKED),
-        (422, "ValidatingAdmissionPolicy 'p' with binding 'b' denied request: no", "", BLOCKED),
+        (422, "", GENERIC_422, PatchOutcome.CONFLICT),
+        (
+            422,
+            "testing value /spec/schedulingGates/0/name failed: test failed",
+            "",
+            PatchOutcome.CONFLICT,
+        ),
+        (403, POLICY_403, "", PatchOutcome.BLOCKED),
+        (
+            403,
+            'pods "p" is forbidden: User "u" cannot patch resource "pods"',
+            "",
+            PatchOutcome.BLOCKED,
+        ),
+        (
+            400,
+            'admission webhook "deny.example.com" denied the request: no',
+            "",
+            PatchOutcome.BLOCKED,
+        ),
+        (
+            422,
+            "ValidatingAdmissionPolicy 'p' with binding 'b' denied request: no",
+            "",
+            PatchOutcome.BLOCKED,
+        ),
         (
             422,
             'Pod "p" is invalid: spec: Forbidden: pod updates may not change fields',
             "",
-            BLOCKED,
+            PatchOutcome.BLOCKED,
         ),
-        (500, "etcdserver: request timed out", "", ERROR),
-        (429, "too many requests", "", ERROR),
-        (503, "service unavailable", "", ERROR),
+        (500, "etcdserver: request timed out", "", PatchOutcome.ERROR),
+        (429, "too many requests", "", PatchOutcome.ERROR),
+        (503, "service unavailable", "", PatchOutcome.ERROR),
     ],
 )
 def test_classify_patch_error(status: int, message: str, body: str, want: str) -> None:
@@ -206,12 +223,12 @@ async def test_a_refused_release_backs_off_alone_and_says_why() -> None:
         assert attempts.count(refused) == 1  # backing off: not retried at once
         assert ctl.stats.patch_blocked == 1 and ctl.stats.released == 4
         (entry,) = [
-            ctl.blocked.get(p["metadata"]["uid"])
+            ctl.state.blocked.get(p["metadata"]["uid"])
             for p in fake.items(PODS, NS)
             if p["metadata"]["name"] == refused
         ]
         assert entry is not None and entry.failures == 1 and entry.status == 403
-        decision = ctl.decisions[next(k for k in ctl.decisions if k.uid == "uid-train")]
+        decision = ctl.state.decisions[next(k for k in ctl.state.decisions if k.uid == "uid-train")]
         waits = {w.pod: w.reason for ps in decision.pod_sets for w in ps.waiting}
         assert "denied by policy no-release" in waits[refused]
         (ev,) = await eventually(lambda: events(fake, "ReleaseBlocked"), what="the Event")
@@ -224,7 +241,7 @@ async def test_a_refused_release_backs_off_alone_and_says_why() -> None:
         assert 'ungater_patches_total{outcome="blocked"} 1.0' in text
         # the pod goes away: nothing is blocked any more
         fake.delete(PODS, NS, refused)
-        await eventually(lambda: len(ctl.blocked) == 0, what="the entry cleared")
+        await eventually(lambda: len(ctl.state.blocked) == 0, what="the entry cleared")
 
 
 @pytest.mark.anyio
@@ -241,9 +258,9 @@ async def test_a_blocked_pod_is_retried_after_its_backoff_and_then_released() ->
 
     fake.before_patch = deny_once
     async with running(fake, make_config(), observed=True) as ctl:
-        ctl.blocked.initial = 0.2
+        ctl.state.blocked.initial = 0.2
         await eventually(lambda: released(fake, "train") == ["train-0-x000"], timeout=5)
-        assert ctl.stats.patch_blocked == 1 and len(ctl.blocked) == 0
+        assert ctl.stats.patch_blocked == 1 and len(ctl.state.blocked) == 0
 
 
 @pytest.mark.anyio

@@ -130,7 +130,7 @@ async def test_repeated_foreign_releases_make_the_kind_stand_down_to_audit() -> 
         await eventually(lambda: len(ungated(fake.items(PODS, NS))) == 3, what="a released")
         strip_gate(fake, "b-0-x000")
         await eventually(lambda: ctl.stats.foreign_releases == 1)
-        (rt,) = ctl.kinds.values()
+        (rt,) = ctl.state.kinds.values()
         assert rt.mode == "release" and not rt.stood_down
         strip_gate(fake, "b-1-x001")
         await eventually(lambda: rt.stood_down != "", what="stood down")
@@ -139,7 +139,7 @@ async def test_repeated_foreign_releases_make_the_kind_stand_down_to_audit() -> 
         # the second job is admitted now: a stood-down kind patches nothing, it audits
         fake.put(WORKLOADS, workload(b, "b-1", count=2, admitted=1))
         await eventually(
-            lambda: any(f.finding == "OverRelease" for f in ctl.auditor.tracker.findings()),
+            lambda: any(f.finding == "OverRelease" for f in ctl.state.auditor.tracker.findings()),
             what="the over-release of b reported by audit",
         )
         await holds_for(lambda: len(fake.patches) == patches, 0.3, what="no more patches")
@@ -163,7 +163,7 @@ async def test_a_stood_down_kind_stands_back_up_and_releases_what_was_admitted_m
     fake.put(WORKLOADS, workload(b, "b-1", count=3))  # pending
     config = make_config(standDown={"foreignReleases": 1, "resumeAfterSeconds": 0.5})
     async with running(fake, config) as ctl:
-        (rt,) = ctl.kinds.values()
+        (rt,) = ctl.state.kinds.values()
         await eventually(lambda: len(rt.pods) == 3, what="b's pods cached")
         strip_gate(fake, "b-0-x000")
         await eventually(lambda: rt.stood_down != "", what="stood down")
@@ -184,7 +184,7 @@ async def test_a_gate_removal_seen_only_through_a_relist_is_not_counted_as_forei
     b = setup_job(fake, "b", 2)
     fake.put(WORKLOADS, workload(b, "b-1", count=2))  # pending: we release nothing
     async with running(fake, make_config(standDown={"foreignReleases": 1})) as ctl:
-        (rt,) = ctl.kinds.values()
+        (rt,) = ctl.state.kinds.values()
         await eventually(lambda: len(rt.pods) == 2, what="b's pods cached")
         fake.drop_events = {"pods"}
         strip_gate(fake, "b-0-x000")
@@ -214,7 +214,7 @@ async def test_stand_down_exit_ends_the_run_with_an_error() -> None:
             strip_gate(fake, "b-0-x000")
             strip_gate(fake, "b-1-x001")
             await eventually(lambda: stop.is_set(), what="the run stopped")
-    assert "exiting" in ctl.fatal_error
+    assert "exiting" in ctl.state.fatal_error
 
 
 @pytest.mark.anyio
@@ -226,10 +226,10 @@ async def test_keep_releasing_only_says_so() -> None:
     async with running(fake, config, observed=True) as ctl:
         strip_gate(fake, "b-0-x000")
         await eventually(lambda: ctl.stats.foreign_releases == 1)
-        (rt,) = ctl.kinds.values()
+        (rt,) = ctl.state.kinds.values()
         await holds_for(lambda: rt.mode == "release" and not rt.stood_down, 0.2)
         assert not events(fake, "StoodDown")
-        assert ctl.fatal_error == ""  # nothing asks the process to end
+        assert ctl.state.fatal_error == ""  # nothing asks the process to end
 
 
 @pytest.mark.anyio
@@ -285,12 +285,12 @@ async def test_a_standby_never_counts_the_leaders_releases_as_foreign() -> None:
     b = setup_job(fake, "b", 2)
     fake.put(WORKLOADS, workload(b, "b-1", count=2))
     async with running(fake, make_config(standDown={"foreignReleases": 1}), observed=True) as ctl:
-        ctl._leading = lambda: False  # a standby: the leader's releases arrive by the watch
+        ctl.state.leading = lambda: False  # a standby: the leader's releases arrive by the watch
         strip_gate(fake, "b-0-x000")
         await seen_then_reconciled(ctl, b, "pods", fake.items(PODS, NS))  # the removal seen
         await holds_for(lambda: ctl.stats.foreign_releases == 0, 0.3, what="not counted")
-        (rt,) = ctl.kinds.values()
+        (rt,) = ctl.state.kinds.values()
         assert rt.mode == "release" and not rt.stood_down
-        ctl._leading = lambda: True
+        ctl.state.leading = lambda: True
         strip_gate(fake, "b-1-x001")
         await eventually(lambda: ctl.stats.foreign_releases == 1, what="counted when leading")

@@ -191,8 +191,8 @@ async def test_a_controller_snapshot_reads_its_parts() -> None:
         FakeKube(),
         PluginRegistry.from_modules({"job": job_plugin}),
     )
-    ctl.queue.add(OwnerKey("ns", "u1"))
-    ctl.expectations.expect(OwnerKey("ns", "u1"), ["p1", "p2"])
+    ctl.state.queue.add(OwnerKey("ns", "u1"))
+    ctl.state.ledger.expectations.expect(OwnerKey("ns", "u1"), ["p1", "p2"])
     await ctl.start()
     snap = ctl.metrics_snapshot()
     assert (snap.queue_depth, snap.queue_adds, snap.expectations_pending) == (1, 1, 2)

@@ -144,14 +144,16 @@ async def a_wave(trace: bool) -> tuple[OwnerKey, float, float]:
     fake.put(WORKLOADS, workload(owner, "train-a", count=3))
     async with running(fake, make_config(logging={"trace": trace})) as ctl:
         assert ctl.state.trace.on is trace
-        await eventually(lambda: bool(ctl.workloads.for_owner(key.uid)), what="the slice")
+        await eventually(lambda: bool(ctl.state.workloads.for_owner(key.uid)), what="the slice")
         ctl.state.freshness.begin_term(10**9)
         t0 = time.monotonic()
         fake.put(WORKLOADS, workload(owner, "train-a", count=3, admitted=2))
         await eventually(lambda: released_indexes(fake) == [0, 1], what="2 released")
         t_end = time.monotonic()
         await eventually(lambda: ctl.stats.released == 2, what="the answers")
-        await eventually(lambda: not ctl.expectations.has_pending(key), what="the pod events")
+        await eventually(
+            lambda: not ctl.state.ledger.expectations.has_pending(key), what="the pod events"
+        )
     return key, t0, t_end
 
 

@@ -64,7 +64,7 @@ async def reconcile_raises(error: BaseException) -> None:
             raise error
 
         ctl.reconciler.reconcile = reconcile  # type: ignore[method-assign]
-        ctl.queue.add(next(iter(ctl.workloads.owner_keys())))
+        ctl.state.queue.add(next(iter(ctl.state.workloads.owner_keys())))
         await eventually(lambda: ctl.stats.reconcile_errors >= 1, what="a failed reconcile")
 
 
