@@ -138,7 +138,9 @@ class Reconciler:
             if s.freshness.unproven(key):  # a new term: the caches may lag the last leader
                 snapshot = await self.view.quorum_snapshot(key, rt, owner, self._in_flight(key))
             try:
-                bounds = await self.view.bounds(key, rt, owner, s.workloads.for_owner(key.uid))
+                bounds = await self.view.bounds(
+                    key, rt, owner, s.workloads.for_owner(key.uid), snapshot
+                )
             except BoundsMoving as exc:
                 log.info("%s; retrying with backoff", exc)
                 return replace(later, retry=Retry.MOVING)

@@ -7,7 +7,8 @@ A release is decided on three things taken in this order:
    caches, as a quorum LIST of the API server returns them;
 2. **the bounds**: the owner, every slice of its chain that may be the active one, and the
    objects a ``select_via`` kind is sized by, each read from the API server *after* step 1,
-   all sent together, and again until two rounds agree: all as of one moment;
+   all sent together: all as of one moment, the moment of step 1 when the reads agree with
+   the caches as step 1 found them, else a later one, once two rounds of reads agree;
 3. the write ledger for our own writes the pods of step 1 cannot show.
 
 Any write that lowered a bound before that moment is in step 2's reads; any pod that a lowering
@@ -20,7 +21,7 @@ caches: the caches decide only whether a view is worth gathering.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -61,6 +62,9 @@ class PodSnapshot:
     pods: tuple[PodView, ...]
     in_flight: frozenset[str]
     quorum: bool  # read from the API server (a new term's first view), not from a cache
+    #: the bounds as the caches held them at that moment, by (what, name): their uid and
+    #: resourceVersion (``ViewReader.bounds`` needs one round of reads when these agree)
+    cached: Mapping[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +99,26 @@ class ViewReader:
         self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef, in_flight: InFlight
     ) -> PodSnapshot:
         pods = self.cached_pods(key, rt, owner)
-        return PodSnapshot(tuple(pods), in_flight(pods), quorum=False)
+        return PodSnapshot(
+            tuple(pods), in_flight(pods), quorum=False, cached=self.cached_bounds(key, rt, owner)
+        )
+
+    def cached_bounds(
+        self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef
+    ) -> dict[tuple[str, str], tuple[str, str]]:
+        """The uid and resourceVersion of each bound ``bounds`` would read, as the caches hold
+        it now (a bound the caches do not hold is left out: its read can then never agree)."""
+        s, spec = self.s, rt.handler.spec
+        out: dict[tuple[str, str], tuple[str, str]] = {}
+        held = s.owners.get(owner.uid)
+        if spec.owner_resource is not None and held is not None:
+            out[("owner", owner.name)] = (held.uid, held.resource_version)
+        for w in live_slices(s.workloads.for_owner(key.uid)):
+            out[("slice", w.name)] = (w.uid, w.resource_version)
+        if spec.select_via is not None:
+            for v in via_objects(rt.handler, owner, s.objects.controlled_by(owner.uid)):
+                out[("via", v.name)] = (v.uid, v.resource_version)
+        return out
 
     async def quorum_snapshot(
         self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef, in_flight: InFlight
@@ -132,27 +155,42 @@ class ViewReader:
         ):
             s.freshness.prove(key)
         pods = list(fresh.values())
-        return PodSnapshot(tuple(pods), before | in_flight(pods), quorum=True)
+        # the caches as they are once the LIST was answered (no await since): a moment after it
+        cached_now = self.cached_bounds(key, rt, owner)
+        return PodSnapshot(tuple(pods), before | in_flight(pods), quorum=True, cached=cached_now)
 
     # -- 2. the bounds ---------------------------------------------------------------------------
 
     async def bounds(
-        self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef, slices: list[WorkloadView]
+        self,
+        key: OwnerKey,
+        rt: KindRuntime,
+        owner: ObjectRef,
+        slices: list[WorkloadView],
+        snapshot: PodSnapshot,
     ) -> Bounds:
-        """The bounds as they all were at one moment: read them all at once, then again, until
-        two rounds in a row show every object at the same version (or absent in both).
+        """The bounds as they all were at one moment, no earlier than ``snapshot``'s: read them
+        all at once; if every answer is the object the caches held at the snapshot, at that
+        version, that moment is the snapshot's; else read again, until two rounds in a row show
+        every object at the same version (or absent in both).
 
         One round's reads are answered at different moments, and bounds read at different
         moments can combine into a cap that was never true (a slice read before Kueue lowered
-        it, beside an owner read after it grew back). Two equal rounds pin a moment: each
-        object kept its version from its first read to its second, and the second round went
-        out only after the first was answered, so at the moment between them every object was
-        as read. A read that fails raises (the worker backs off), and so do rounds that keep
-        changing (``SNAPSHOT_ROUNDS``).
+        it, beside an owner read after it grew back). A resourceVersion is never reused, so an
+        object found at one version at two moments kept it in between. Read equal to the
+        caches' copy at the snapshot: each object had that version when the caches got it
+        (before the snapshot) and when read (after it), so at the snapshot every one was as
+        read. Two equal rounds: each kept its version from its first read to its second, and
+        the second round went out only after the first was answered, so at a moment between
+        them every one was as read. A read that fails raises (the worker backs off);
+        rounds that keep changing raise ``BoundsMoving`` (``SNAPSHOT_ROUNDS``).
         """
         live = live_slices(slices)
         vias = via_objects(rt.handler, owner, self.s.objects.controlled_by(owner.uid))
         first = await self._read_bounds(key, rt, owner, live, vias)
+        read = _versions(first)
+        if all(first.values()) and read == snapshot.cached:
+            return self._shape(rt, owner, slices, live, vias, first)
         for _ in range(SNAPSHOT_ROUNDS):
             again = await self._read_bounds(key, rt, owner, live, vias)
             if _versions(again) == _versions(first):
