@@ -1,21 +1,18 @@
-"""The pure audit (ungater._decide.findings): each finding from a table of slices and pods, the tracker
-that dates and reports findings, and audit mode in the controller on the in-memory API server
-(it patches nothing and reports what another releaser does)."""
+"""The pure audit (ungater._decide.findings): each finding from a table of slices and pods, the
+tracker that dates and reports findings, and the one-shot audit and ``explain`` on the in-memory
+API server. Audit mode in the running controller is tested in
+tests/unit/controller/test_audit_mode.py."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import anyio
 import pytest
 import ungater_plugins.job as job_plugin
 
 from tests.fakekube import FakeKube
 from tests.objects import JOBS, PODS, WORKLOADS, job_pod, workload
-from tests.polling import eventually, holds_for
-from tests.seen import seen_then_reconciled
 from tests.unit.builders import GATE, condition, facts, wl_view
-from tests.unit.harness import running
 from ungater._decide.decision import Ownership, PodFacts
 from ungater._decide.finding_tracker import FindingTracker
 from ungater._decide.findings import (
@@ -27,13 +24,16 @@ from ungater._decide.findings import (
     audit_owner,
     parse_time,
 )
-from ungater._kube.client import EVENTS
 from ungater._model.config import Config
 from ungater._model.views import ObjectRef, WorkloadView
 from ungater._plugins.registry import PluginRegistry
 
 OWNER = ObjectRef("batch/v1", "Job", "job", "uid-owner", True)
+
+
 T0 = parse_time("2026-01-01T00:00:00Z") or 0.0  # builders' ts(0)
+
+
 OTHER = "example.com/other"
 
 
@@ -185,26 +185,12 @@ def test_tracker_reports_once_after_the_grace_and_measures_duration() -> None:
     assert t.releasable_since("k", ["b"], 10.0) == {"b": 9.0}
 
 
-# -- audit mode in the controller --------------------------------------------------------------
-
-
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
 
 
 NS = "team-a"
-
-
-def audit_config(**overrides: Any) -> Config:
-    raw: dict[str, Any] = {
-        "mode": "audit",
-        "kinds": [{"group": "batch", "kind": "Job"}],
-        "audit": {"stallSeconds": 0.5, "reportAfterSeconds": 0.2},
-        "watch": {"backoffInitialSeconds": 0.01, "backoffMaxSeconds": 0.05},
-    }
-    raw.update(overrides)
-    return Config.model_validate(raw)
 
 
 def setup_job(fake: FakeKube, n: int, released_ix: set[int]) -> dict[str, Any]:
@@ -218,66 +204,6 @@ def setup_job(fake: FakeKube, n: int, released_ix: set[int]) -> dict[str, Any]:
     for i in range(n):
         fake.put(PODS, job_pod(owner, i, gates=[] if i in released_ix else None))
     return owner
-
-
-@pytest.mark.anyio
-async def test_audit_mode_reports_an_over_release_and_never_patches() -> None:
-    fake = FakeKube()
-    owner = setup_job(fake, 4, released_ix={0, 1, 2})
-    fake.put(WORKLOADS, workload(owner, "train-a", count=4, admitted=2))
-    async with running(fake, audit_config(), observed=True) as ctl:
-        await eventually(lambda: ctl.state.auditor.reported >= 1, what="a reported finding")
-        (f,) = ctl.state.auditor.tracker.findings()
-        assert (
-            f.finding == OVER_RELEASE and f.workload == "train-a" and f.owner == f"Job {NS}/train"
-        )
-        assert f.pods == ("train-0-x000", "train-1-x001", "train-2-x002")
-        ev = await eventually(
-            lambda: [e for e in fake.items(EVENTS, NS) if e["reason"] == OVER_RELEASE]
-        )
-        assert ev[0]["type"] == "Warning" and ev[0]["involvedObject"]["name"] == "train-a"
-        assert ctl.metrics is not None
-        text = ctl.metrics.render().decode()
-        assert 'ungater_audit_findings{finding="OverRelease",kind="Job.batch"} 1.0' in text
-        assert (
-            'ungater_audit_findings_reported_total{finding="OverRelease",kind="Job.batch"} 1.0'
-            in text
-        )
-        assert 'ungater_audit_findings{finding="Stalled",kind="Job.batch"} 0.0' in text
-        await seen_then_reconciled(ctl, owner, "pods", fake.items(PODS, NS))
-        await holds_for(lambda: not fake.patches, 0.3, what="audit patches nothing")
-        assert ctl.stats.foreign_releases == 0  # others' releases are what audit watches
-        fake.put(WORKLOADS, workload(owner, "train-a", count=4, admitted=4))
-        resolved = 'ungater_audit_findings{finding="OverRelease",kind="Job.batch"} 0.0'
-        await eventually(
-            lambda: resolved in ctl.metrics.render().decode(),  # type: ignore[union-attr]
-            what="the resolved finding's series at 0",
-        )
-
-
-@pytest.mark.anyio
-async def test_audit_mode_reports_a_stall_without_any_event() -> None:
-    fake = FakeKube()
-    owner = setup_job(fake, 3, released_ix={0})
-    fake.put(WORKLOADS, workload(owner, "train-a", count=3, admitted=2))
-    async with running(fake, audit_config(), observed=True) as ctl:
-        await eventually(
-            lambda: any(f.finding == STALLED for f in ctl.state.auditor.tracker.findings()),
-            timeout=5,
-            what="a stall, from the requeue alone",
-        )
-        (f,) = [f for f in ctl.state.auditor.tracker.findings() if f.finding == STALLED]
-        assert f.pods == ("train-1-x001",)
-        # someone releases it: the stall resolves, nothing was patched by us
-        pod = fake.read(PODS, NS, "train-1-x001")
-        assert pod is not None
-        pod["spec"]["schedulingGates"] = []
-        fake.put(PODS, pod)
-        await eventually(lambda: not ctl.state.auditor.tracker.findings(), what="resolved")
-        assert not fake.patches
-
-
-# -- the one-shot `ungater audit` and explain, on a fresh read ---------------------------------
 
 
 def oneshot_config() -> Config:
@@ -315,18 +241,3 @@ async def test_one_shot_audit_reads_every_owner_and_names_the_pods() -> None:
     assert [x["finding"] for x in shown["findings"]] == [OVER_RELEASE]
     # mode: auto (the default) on Kueue's own gate with no policy guarding it: audit
     assert shown["mode"] == "audit" and "no admission policy" in shown["modeWhy"]
-
-
-@pytest.mark.anyio
-async def test_an_open_stall_is_not_polled_in_a_loop() -> None:
-    fake = FakeKube()
-    owner = setup_job(fake, 2, released_ix=set())
-    fake.put(WORKLOADS, workload(owner, "train-a", count=2, admitted=1))
-    async with running(fake, audit_config(), observed=True) as ctl:
-        await eventually(
-            lambda: any(f.finding == STALLED for f in ctl.state.auditor.tracker.findings())
-        )
-        before = ctl.stats.reconciles
-        await anyio.sleep(0.5)
-        # nothing changes: at most a look or two, not one every 50 ms
-        assert ctl.stats.reconciles - before <= 2, ctl.stats.reconciles - before
