@@ -820,8 +820,9 @@ def _begin_term(ctl: Controller, rv: int) -> None:
 def _no_proof_needed(ctl: Controller) -> None:
     """The replica led before anything happened: no term proof is owed."""
     freshness = getattr(ctl.state, "freshness", None)
-    if freshness is not None and hasattr(freshness, "proven"):
-        freshness.proven = None
+    for name in ("confirmed", "proven"):  # "proven" before issue 42 (``--against`` older code)
+        if freshness is not None and hasattr(freshness, name):
+            setattr(freshness, name, None)
 
 
 async def _settle() -> None:

@@ -63,9 +63,9 @@ class Patcher:
                     )  # switched to audit since the decision
                     return
                 if not unchanged():  # waited for a slot while the caches moved: a send now
-                    outcomes[r.pod.uid] = PatchOutcome.STALE  # would be an old decision
+                    outcomes[r.pod.uid] = PatchOutcome.SUPERSEDED  # would be an old decision
                     if self.s.metrics is not None:
-                        self.s.metrics.observe_patch(PatchOutcome.STALE)
+                        self.s.metrics.observe_patch(PatchOutcome.SUPERSEDED)
                     return
                 if trace.on:
                     trace.point("patch_sent", key, pod=r.pod.uid)

@@ -135,7 +135,7 @@ class Reconciler:
             # the caches say a release is due: decide again on the view (view.py), the pods
             # first, then every bound read from the API server after them
             snapshot = cached[0]
-            if s.freshness.unproven(key):  # a new term: the caches may lag the last leader
+            if s.freshness.unconfirmed(key):  # a new term: the caches may lag the last leader
                 snapshot = await self.view.quorum_snapshot(key, rt, owner, self._in_flight(key))
             try:
                 bounds = await self.view.bounds(
@@ -365,7 +365,7 @@ class Reconciler:
                 PatchOutcome.GONE,
                 PatchOutcome.CONFLICT,
                 PatchOutcome.SKIPPED,
-                PatchOutcome.STALE,
+                PatchOutcome.SUPERSEDED,
             ):
                 s.ledger.expectations.observe(r.pod.uid)  # nothing of ours is in flight there
                 s.ledger.not_mine(r.pod.uid)

@@ -122,7 +122,7 @@ class State:
         self.ledger = Ledger(config.expectations_timeout_seconds, clock)
         self.decisions: dict[OwnerKey, Decision] = {}  # each owner's last decision
         # whether a new term may trust its caches (ungater._decide.freshness): the term's
-        # start and the owners proven in it
+        # start and the owners whose caches a read confirmed in it
         self.freshness = Freshness()
         rb = config.release_blocked
         self.blocked = BlockedReleases(  # releases refused for good, per pod

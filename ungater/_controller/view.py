@@ -153,7 +153,7 @@ class ViewReader:
         if fresh.keys() == cached.keys() and all(
             _not_older(cached[uid], view) for uid, view in fresh.items()
         ):
-            s.freshness.prove(key)
+            s.freshness.confirm(key)
         pods = list(fresh.values())
         # the caches as they are once the LIST was answered (no await since): a moment after it
         cached_now = self.cached_bounds(key, rt, owner)

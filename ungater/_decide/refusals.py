@@ -38,7 +38,7 @@ class PatchOutcome(StrEnum):
     GONE = "gone"
     CONFLICT = "conflict"  # changed under us: re-decide
     SKIPPED = "skipped"  # not sent: leadership lost, or the kind turned to audit
-    STALE = "stale"  # not sent: the caches moved since the decision (decide again)
+    SUPERSEDED = "superseded"  # not sent: the caches moved since the decision (decide again)
     ERROR = "error"  # no answer, or a transient one: it may have landed
 
 

@@ -141,7 +141,7 @@ async def test_an_owner_proven_by_a_matching_read_needs_no_more_reads_in_its_ter
         first = fake.put(WORKLOADS, workload(jobs[0], {"main": 2}, admitted={"main": 1}))
         await eventually(lambda: live_released(fake) == 1, what="the first release")
         assert ctl.stats.proof_reads == 1
-        assert ctl.state.freshness.proven == {OwnerKey(NAMESPACE, jobs[0]["metadata"]["uid"])}
+        assert ctl.state.freshness.confirmed == {OwnerKey(NAMESPACE, jobs[0]["metadata"]["uid"])}
         grown = fake.read(WORKLOADS, NAMESPACE, first["metadata"]["name"]) or {}
         grown["status"]["admission"]["podSetAssignments"][0]["count"] = 2
         fake.put(WORKLOADS, grown)
@@ -174,7 +174,7 @@ async def test_a_new_leader_relists_the_caches_left_behind_its_term_then_reads_n
         assert _lists(ctl) - lists == len(ctl.reflectors) - 1  # all but the pod cache
         fake.put(WORKLOADS, workload(j, {"main": 1}, admitted={"main": 1}))
         await eventually(lambda: live_released(fake) == 1, what="the release")
-        assert ctl.stats.proof_reads == 0 and ctl.state.freshness.proven is None
+        assert ctl.stats.proof_reads == 0 and ctl.state.freshness.confirmed is None
 
 
 @pytest.mark.anyio

@@ -366,7 +366,7 @@ async def test_an_expired_expectation_for_a_pod_the_cache_never_held_is_settled_
         assert ctl.state.ledger.expectations.expired_total >= 1, (
             ctl.stats,
             len(ctl.state.ledger.expectations),
-            ctl.state.freshness.proven,
+            ctl.state.freshness.confirmed,
         )
         held.set()
         await holds_for(lambda: live_released(fake) == 1, 0.3, what="cap 1 once caught up")

@@ -86,33 +86,33 @@ def test_gone_remembers_the_newest_pods_within_its_bound() -> None:
 
 def test_a_term_is_proven_once_every_cache_is_at_or_past_its_start() -> None:
     fresh = Freshness()
-    assert not fresh.unproven(KEY)  # no term began: nothing to prove
+    assert not fresh.unconfirmed(KEY)  # no term began: nothing to prove
     versions = ["9", "12"]
     fresh.cache_versions = lambda: versions
     fresh.begin_term(10)
-    assert fresh.unproven(KEY)
+    assert fresh.unconfirmed(KEY)
     versions[0] = "10"  # exactly at the Lease write: it has seen it
-    assert not fresh.unproven(KEY) and fresh.proven is None
+    assert not fresh.unconfirmed(KEY) and fresh.confirmed is None
 
 
 def test_an_owner_proven_by_a_read_needs_no_more_reads_in_its_term() -> None:
     fresh = Freshness()
     fresh.cache_versions = lambda: ["1"]
     fresh.begin_term(10)
-    fresh.prove(KEY)
-    assert fresh.proven == {KEY}
-    assert not fresh.unproven(KEY)
-    assert fresh.unproven(OwnerKey("team-a", "other"))
-    fresh.proven = None
-    fresh.prove(KEY)  # every owner proven already: nothing to add to
-    assert fresh.proven is None
+    fresh.confirm(KEY)
+    assert fresh.confirmed == {KEY}
+    assert not fresh.unconfirmed(KEY)
+    assert fresh.unconfirmed(OwnerKey("team-a", "other"))
+    fresh.confirmed = None
+    fresh.confirm(KEY)  # every owner proven already: nothing to add to
+    assert fresh.confirmed is None
 
 
 def test_an_unordered_cache_version_proves_nothing() -> None:
     fresh = Freshness()
     fresh.cache_versions = lambda: ["abc", "20"]
     fresh.begin_term(10)
-    assert fresh.unproven(KEY)
+    assert fresh.unconfirmed(KEY)
     assert version_number("abc") is None and version_number("20") == 20
 
 
