@@ -17,6 +17,8 @@ def test_a_plan_runs_a_story_under_every_limits_or_under_the_one_named() -> None
         "raised": ["job-1k", "jobs-100x100"],
     }
     assert parse_wave_plan("smoke@raised") == {"raised": ["smoke"]}
+    twice = parse_wave_plan("job-1k,job-1k@raised")  # a story runs once under one limits
+    assert twice == {"shipped": ["job-1k"], "raised": ["job-1k"]}
 
 
 @pytest.mark.parametrize("bad", ["job-2k", "job-1k@fast"])
