@@ -200,10 +200,13 @@ def _wave(
             wave["kueue_version"] = version
             run = time.strftime("%H%M%S")
 
-            def progress(got: dict[str, Any], limits: str = limits) -> None:
+            def progress(
+                got: dict[str, Any], limits: str = limits, meta: Any = result["meta"]
+            ) -> None:
                 """What is gathered so far, beside the result file (a run cut short keeps it)."""
                 wave["limits"][limits] = got
-                partial.write_text(json.dumps({"partial": True, "kueue_wave": wave}, indent=1))
+                gathered = {"partial": True, "meta": meta, "kueue_wave": wave}
+                partial.write_text(json.dumps(gathered, indent=1))
 
             wave["limits"][limits] = anyio.run(
                 wave_run, kc, pids, limits, stories, workdir, run, version, progress
