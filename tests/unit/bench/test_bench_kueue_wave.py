@@ -4,6 +4,7 @@ two moments, its table rows; and that the default run leaves it out (it is run w
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +108,52 @@ def test_the_default_run_leaves_the_wave_out() -> None:
     from bench.runner import PLAIN, SCENARIOS, WAVE
 
     assert "kueue-wave" in SCENARIOS and "kueue-wave" in WAVE and "kueue-wave" not in PLAIN
+
+
+def test_the_run_starts_a_plane_per_limits_with_kueues_limits_and_keeps_each_share(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    from collections.abc import Iterator
+    from contextlib import contextmanager
+    from typing import Any
+
+    import bench.__main__ as cli
+
+    planes: list[tuple[float, int] | None] = []
+
+    @contextmanager
+    def cluster(
+        kubeconfig: Path | None,
+        version: str | None,
+        kueue_client: tuple[float, int] | None = None,
+        pids: dict[str, int] | None = None,
+    ) -> Iterator[tuple[Path, str]]:
+        planes.append(kueue_client)
+        assert pids is not None
+        pids["kueue"] = 42
+        yield tmp_path / "kubeconfig", "v0.19.2"
+
+    async def empty_pass(opts: Any) -> dict[str, Any]:
+        return {"meta": {"duration_seconds": 0.1}, "metrics": {}}
+
+    async def wave(kc: Path, pids: dict[str, int], limits: str, stories: list[str], *a: Any) -> Any:
+        progress = a[-1]
+        got = {"stories": {s: {} for s in stories}, "pids": dict(pids)}
+        progress(got)
+        return got
+
+    monkeypatch.setattr(cli, "_kueue_cluster", cluster)
+    monkeypatch.setattr(cli, "run_all", empty_pass)
+    monkeypatch.setattr(cli, "wave_run", wave)
+    monkeypatch.setattr(cli, "render_table", lambda rows: "")
+    out = tmp_path / "wave.json"
+    argv = ["run", "--only", "kueue-wave", "--wave", "job-1k,job-10k@shipped", "--out", str(out)]
+    assert cli.main(argv) == 0
+    assert planes == [(300, 500), (1000, 2000)]
+    w = json.loads(out.read_text())["metrics"]["kueue_wave"]
+    assert w["limits"]["shipped"]["stories"] == {"job-1k": {}, "job-10k": {}}
+    assert w["limits"]["raised"]["stories"] == {"job-1k": {}}
+    assert w["limits"]["raised"]["pids"] == {"kueue": 42}
+    partial = json.loads((tmp_path / "wave.d" / "kueue-wave.partial.json").read_text())
+    assert partial["meta"] == {"duration_seconds": 0.1} and partial["partial"] is True
