@@ -16,13 +16,15 @@ admission; from the first admission to the last pod created (the Job controller'
 is released only once it exists), to the first, median and last release; from the last pod
 created to the last release; the release rate over the releases' span. Every process's CPU
 (``/proc/PID/stat``, sampled every ``SAMPLE_S``) in cores over the wave, over the pods' creation
-and over the tail after it (``cpu_between``). The releases past the cap judged as for every
-story (``bench.kueue_overcap``). After each side its Jobs and pods are deleted (bounded).
+and over the tail after it (``cpu_between``). What the API server spent on the wave
+(``server_costs``: pod requests by verb, admission webhooks, the flow-control wait; count and
+mean). The releases past the cap judged as for every story (``bench.kueue_overcap``). After each side its Jobs and pods are deleted (bounded).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -45,6 +47,7 @@ __all__ = [
     "STORIES",
     "cpu_between",
     "parse_wave_plan",
+    "server_costs",
     "wave_rows",
     "wave_run",
     "wave_summary",
@@ -138,6 +141,77 @@ def wave_summary(
         else None,
     }
     return out
+
+
+_SERIES = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+#: the API server's histograms read per wave, and the labels that name a row of each
+_COSTS = {
+    "apiserver_request_duration_seconds": ("verb",),  # of resource="pods" only
+    "apiserver_admission_webhook_admission_duration_seconds": ("name", "operation", "rejected"),
+    "apiserver_flowcontrol_request_wait_duration_seconds": ("priority_level",),
+}
+
+
+def _sums(text: str) -> dict[tuple[str, str, tuple[str, ...]], float]:
+    """(family, "sum" or "count", the row's label values) -> value, added up over the other
+    labels, for the families of ``_COSTS`` (Prometheus text exposition)."""
+    out: dict[tuple[str, str, tuple[str, ...]], float] = {}
+    for line in text.splitlines():
+        m = _SERIES.match(line)
+        if m is None:
+            continue
+        family, _, part = m["name"].rpartition("_")
+        if part not in ("sum", "count") or family not in _COSTS:
+            continue
+        labels = dict(_LABEL.findall(m["labels"] or ""))
+        if family == "apiserver_request_duration_seconds" and labels.get("resource") != "pods":
+            continue
+        key = (family, part, tuple(labels.get(k, "") for k in _COSTS[family]))
+        out[key] = out.get(key, 0.0) + float(m["value"])
+    return out
+
+
+def server_costs(before: str, after: str) -> dict[str, dict[str, dict[str, float]]]:
+    """What the API server spent between two scrapes of its ``/metrics``: per family of
+    ``_COSTS`` (short names: ``pods`` requests by verb, ``webhooks`` by webhook, operation and
+    rejected, ``flowcontrol_wait`` by priority level) the calls and their mean in ms."""
+    a, b = _sums(before), _sums(after)
+    short = {
+        "apiserver_request_duration_seconds": "pods",
+        "apiserver_admission_webhook_admission_duration_seconds": "webhooks",
+        "apiserver_flowcontrol_request_wait_duration_seconds": "flowcontrol_wait",
+    }
+    out: dict[str, dict[str, dict[str, float]]] = {v: {} for v in short.values()}
+    for (family, part, row), value in b.items():
+        if part != "count":
+            continue
+        n = value - a.get((family, "count", row), 0.0)
+        if n <= 0:
+            continue
+        total = b.get((family, "sum", row), 0.0) - a.get((family, "sum", row), 0.0)
+        out[short[family]][" ".join(row)] = {
+            "count": int(n),
+            "mean_ms": round(1000 * total / n, 3),
+        }
+    return out
+
+
+async def _scrape(api: BenchApi) -> str:
+    """The API server's ``/metrics`` (the harness is the admin); "" when it cannot be had."""
+    try:
+        resp = await api._api.call_api(
+            "/metrics",
+            "GET",
+            header_params={"Accept": "text/plain"},
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _return_http_data_only=True,
+            _request_timeout=30,
+        )
+        return str((await resp.read()).decode("utf-8", "replace"))
+    except Exception:  # a missing figure, not a failed wave
+        return ""
 
 
 Sample = tuple[float, dict[str, float]]
@@ -249,6 +323,7 @@ async def _one_wave(
         if not await _wait(lambda: len({s.owner for s in slices()}) == n, _SETUP_S):
             raise RuntimeError(f"kueue wave: {ns}: not every Workload within {_SETUP_S:.0f}s")
         await anyio.sleep(1.0)  # Kueue has found them inadmissible
+        before = await _scrape(api)
         t0 = time.monotonic()
         await ks.set_quota(api, cq, n * size)
         total, bound = n * size, _SETUP_S + _PER_POD_S * n * size
@@ -263,6 +338,7 @@ async def _one_wave(
         finished = await _wait(done, bound)
         await anyio.sleep(1.0)  # a last sample past the last release
         sampler.sample()
+        after = await _scrape(api)
         mine = pods()
         admitted = [s.admitted_at for s in slices() if s.admitted_at is not None]
         released = [p.removed_at.get(gate, None if gate in p.gates else p.added_at) for p in mine]
@@ -273,6 +349,8 @@ async def _one_wave(
         out["first_seen_ungated"] = sum(1 for p in mine if gate not in p.gates)
         base = min(admitted) if admitted else t0
         out["cpu_cores"] = _cpu(sampler.samples, t0, s, base)
+        # from just before the quota change to a second past the wave's end
+        out["server"] = server_costs(before, after) if before and after else None
         tg.cancel_scope.cancel()
     found = releases_past_cap([e for e in tl.events], {side: gate}, tl.gaps)[side]
     out["over_cap"] = found.summary()

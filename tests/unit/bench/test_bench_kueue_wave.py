@@ -157,3 +157,39 @@ def test_the_run_starts_a_plane_per_limits_with_kueues_limits_and_keeps_each_sha
     assert w["limits"]["raised"]["pids"] == {"kueue": 42}
     partial = json.loads((tmp_path / "wave.d" / "kueue-wave.partial.json").read_text())
     assert partial["meta"] == {"duration_seconds": 0.1} and partial["partial"] is True
+
+
+_BEFORE = """# HELP apiserver_request_duration_seconds x
+apiserver_request_duration_seconds_sum{resource="pods",scope="resource",verb="PATCH"} 1.0
+apiserver_request_duration_seconds_count{resource="pods",scope="resource",verb="PATCH"} 10
+apiserver_request_duration_seconds_sum{resource="jobs",scope="resource",verb="PATCH"} 9.0
+apiserver_request_duration_seconds_count{resource="jobs",scope="resource",verb="PATCH"} 9
+apiserver_request_duration_seconds_bucket{resource="pods",verb="PATCH",le="0.1"} 10
+"""
+_AFTER = """apiserver_request_duration_seconds_sum{resource="pods",scope="resource",verb="PATCH"} 3.0
+apiserver_request_duration_seconds_count{resource="pods",scope="resource",verb="PATCH"} 20
+apiserver_request_duration_seconds_sum{resource="pods",scope="namespace",verb="PATCH"} 1.0
+apiserver_request_duration_seconds_count{resource="pods",scope="namespace",verb="PATCH"} 10
+apiserver_request_duration_seconds_sum{resource="pods",scope="resource",verb="GET"} 0.5
+apiserver_request_duration_seconds_count{resource="pods",scope="resource",verb="GET"} 5
+apiserver_request_duration_seconds_sum{resource="jobs",scope="resource",verb="PATCH"} 99.0
+apiserver_request_duration_seconds_count{resource="jobs",scope="resource",verb="PATCH"} 99
+apiserver_admission_webhook_admission_duration_seconds_sum{name="vpod.kb.io",operation="UPDATE",rejected="false",type="validating"} 2.5
+apiserver_admission_webhook_admission_duration_seconds_count{name="vpod.kb.io",operation="UPDATE",rejected="false",type="validating"} 10
+apiserver_flowcontrol_request_wait_duration_seconds_sum{execute="true",flow_schema="a",priority_level="workload-low"} 0.5
+apiserver_flowcontrol_request_wait_duration_seconds_count{execute="true",flow_schema="a",priority_level="workload-low"} 50
+"""
+
+
+def test_server_costs_are_the_calls_and_their_mean_between_two_scrapes() -> None:
+    from bench.kueue_wave import server_costs
+
+    got = server_costs(_BEFORE, _AFTER)
+    # pods' PATCHes over both scopes: 20 more calls, 3 s more: 150 ms each; jobs are left out
+    assert got["pods"] == {
+        "PATCH": {"count": 20, "mean_ms": 150.0},
+        "GET": {"count": 5, "mean_ms": 100.0},
+    }
+    assert got["webhooks"] == {"vpod.kb.io UPDATE false": {"count": 10, "mean_ms": 250.0}}
+    assert got["flowcontrol_wait"] == {"workload-low": {"count": 50, "mean_ms": 10.0}}
+    assert server_costs(_AFTER, _AFTER) == {"pods": {}, "webhooks": {}, "flowcontrol_wait": {}}
