@@ -26,9 +26,10 @@ from bench.doc_figures import command as figures_command
 from bench.doc_report import add_parser as add_report_parser
 from bench.doc_report import command as report_command
 from bench.kueue_run import EACH_ALONE, HEAD_TO_HEAD, kueue_run
+from bench.kueue_wave import DEFAULT_PLAN, parse_wave_plan, wave_run
 from bench.machine import load_average, run_span
 from bench.report import table_rows
-from bench.runner import KUEUE, PLAIN, SCENARIOS, Options, run_all
+from bench.runner import KUEUE, PLAIN, SCENARIOS, WAVE, Options, run_all
 from bench.sizes import FULL, PRESETS, QUICK, Sizes, with_kueue_burst, with_scale
 from bench.stats import render_table
 
@@ -90,6 +91,14 @@ def _parser() -> argparse.ArgumentParser:
         help="for --only kueue: the controller traces each wave (event, decision, reads, "
         "patches); its spans per case are reported",
     )
+    run.add_argument(
+        "--wave",
+        default=DEFAULT_PLAN,
+        metavar="PLAN",
+        help="for --only kueue-wave: the stories, comma-separated, each under every set of "
+        "client limits (shipped, raised), or under one as STORY@LIMITS (default: "
+        f"{DEFAULT_PLAN})",
+    )
     add_report_parser(sub)
     add_figures_parser(sub)
     return p
@@ -130,9 +139,16 @@ def _cluster(kubeconfig: Path | None) -> Iterator[Path]:
 
 
 @contextmanager
-def _kueue_cluster(kubeconfig: Path | None, version: str | None) -> Iterator[tuple[Path, str]]:
+def _kueue_cluster(
+    kubeconfig: Path | None,
+    version: str | None,
+    kueue_client: tuple[float, int] | None = None,
+    pids: dict[str, int] | None = None,
+) -> Iterator[tuple[Path, str]]:
     """The given cluster (its Kueue as stated), or a local control plane running the real Kueue
-    (``version`` of the pin table; the default's fallback said when taken) and KubeRay."""
+    (``version`` of the pin table; the default's fallback said when taken) and KubeRay;
+    ``kueue_client``: Kueue's (qps, burst), else the dev cluster's; ``pids`` gets the plane's
+    processes by name."""
     from ungater_devtools.devcluster import versions
 
     if kubeconfig is not None:
@@ -145,18 +161,60 @@ def _kueue_cluster(kubeconfig: Path | None, version: str | None) -> Iterator[tup
 
     asked = versions.kueue_pin(version).version
     say(f"starting the local control plane with the real Kueue {asked} and KubeRay ...")
-    plane = LocalControlPlane(
-        peers=("kueue", "kuberay"), peer_options={"kueue_version": version, "log": say}
-    )
+    options: dict[str, Any] = {"kueue_version": version, "log": say}
+    if kueue_client is not None:
+        options["kueue_client"] = kueue_client
+    plane = LocalControlPlane(peers=("kueue", "kuberay"), peer_options=options)
     plane.start()
     try:
         assert plane.peers is not None
+        if pids is not None:
+            pids.update(plane.pids)
         ran = plane.peers.kueue_version
         if ran != asked:
             say(f"Kueue {asked} could not be had: Kueue {ran} runs instead")
         yield plane.kubeconfig_path, ran
     finally:
         plane.stop()
+
+
+def _wave(
+    args: argparse.Namespace,
+    sizes: Sizes,
+    workdir: Path,
+    plan: dict[str, list[str]],
+    result: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The big wave: per set of client limits a control plane of its own (Kueue's limits are
+    read at its start), its stories on it; the plane stopped before the next starts."""
+    from bench.kueue_wave import LIMITS
+
+    wave: dict[str, Any] = {"plan": args.wave, "limits": {}}
+    partial = workdir / "kueue-wave.partial.json"
+    for limits, stories in plan.items():
+        pids: dict[str, int] = {}
+        with _kueue_cluster(None, args.kueue, LIMITS[limits]["kueue"], pids) as (kc, version):
+            print(f"the big wave, {limits} limits, beside Kueue {version}", file=sys.stderr)
+            if result is None:  # the run's metadata, from this cluster
+                result = anyio.run(run_all, _options(args, kc, sizes, workdir, frozenset()))
+            wave["kueue_version"] = version
+            run = time.strftime("%H%M%S")
+
+            def progress(
+                got: dict[str, Any], limits: str = limits, meta: Any = result["meta"]
+            ) -> None:
+                """What is gathered so far, beside the result file (a run cut short keeps it)."""
+                wave["limits"][limits] = got
+                gathered = {"partial": True, "meta": meta, "kueue_wave": wave}
+                partial.write_text(json.dumps(gathered, indent=1))
+
+            wave["limits"][limits] = anyio.run(
+                wave_run, kc, pids, limits, stories, workdir, run, version, progress
+            )
+    assert result is not None
+    result["metrics"]["kueue_wave"] = wave
+    result["table"] = table_rows(result["metrics"])
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,11 +236,21 @@ def main(argv: list[str] | None = None) -> int:
     out: Path = args.out or RESULTS / f"bench-{'quick-' if args.quick else ''}{stamp}.json"
     workdir = out.parent / f"{out.stem}.d"
     workdir.mkdir(parents=True, exist_ok=True)
-    only = frozenset(args.only.split(",")) if args.only else frozenset(SCENARIOS)
+    only = frozenset(args.only.split(",")) if args.only else frozenset(SCENARIOS) - WAVE
     unknown = only - set(SCENARIOS)
     if unknown:
         print(f"unknown scenario(s): {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2
+    plan: dict[str, list[str]] = {}
+    if only & WAVE:
+        try:
+            plan = parse_wave_plan(args.wave)
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        if args.kueue_kubeconfig is not None:  # Kueue's client limits are set at its start
+            print("--only kueue-wave starts its own control planes", file=sys.stderr)
+            return 2
     py_spy = shutil.which(args.py_spy) if args.py_spy else None
     if args.py_spy and py_spy is None:
         print(f"py-spy not found: {args.py_spy}", file=sys.stderr)
@@ -204,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
                         kueue_run, kubeconfig, sizes, workdir, run, version, mode, args.trace
                     )
         result["table"] = table_rows(result["metrics"])
+    if only & WAVE:
+        result = _wave(args, sizes, workdir, plan, result)
     assert result is not None
     result["meta"].update(run_span(started, load_before, _now(), _load()))
     out.write_text(json.dumps(result, indent=1) + "\n")

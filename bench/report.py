@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.kueue_report import kueue_rows
+from bench.kueue_wave import wave_rows
 from bench.stats import summarize
 
 __all__ = ["GOALS", "SECTIONS", "table_rows"]
@@ -242,6 +243,7 @@ SECTIONS: dict[str, tuple[str, Callable[[dict[str, Any]], list[Row]]]] = {
     "reconcile": ("reconcile_cost", _reconcile_rows),
     "kueue": ("kueue", kueue_rows),
     "kueue-h2h": ("kueue_h2h", kueue_rows),
+    "kueue-wave": ("kueue_wave", wave_rows),
 }
 
 

@@ -46,12 +46,16 @@ SCENARIOS = (
     "reconcile",
     "kueue",
     "kueue-h2h",
+    "kueue-wave",
 )
 #: Scenarios on the plain control plane (no Kueue: the harness plays it); "kueue" (each
 #: releaser alone) and "kueue-h2h" (head to head) run on a control plane of their own with the
 #: real Kueue (bench/kueue_run.py).
 KUEUE = frozenset({"kueue", "kueue-h2h"})
-PLAIN = frozenset(SCENARIOS) - KUEUE
+#: "kueue-wave" (bench/kueue_wave.py): a control plane per set of client limits; run only when
+#: named (``--only kueue-wave``): it takes the better part of an hour
+WAVE = frozenset({"kueue-wave"})
+PLAIN = frozenset(SCENARIOS) - KUEUE - WAVE
 
 
 @dataclass
