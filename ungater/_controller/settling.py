@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 
+import anyio
+
 from ungater._controller.state import KindRuntime, State
 from ungater._decide.freshness import version_number
 from ungater._decide.indexes import OwnerKey
@@ -99,31 +101,41 @@ class Settler:
         s = self.s
         s.ledger.expectations.expired_total += len(uids)
         unread = 0
-        for uid in uids:
+        # a big wave's expectations expire together: read them at once, as many in flight as
+        # the patches may be (one after the other, thousands of reads took minutes)
+        slots = anyio.CapacityLimiter(max(1, s.config.client.patch_concurrency))
+
+        async def settle(uid: str) -> None:
+            nonlocal unread
             pod = rt.pods.by_uid.get(uid)
             # a pod the deciding cache never held (released on a new term's quorum reads) is
             # read all the same: dropping its expectation unread would count it as nothing
             where = (pod.namespace, pod.name) if pod is not None else s.ledger.locate(uid)
             if where is None:
                 s.ledger.expectations.observe(uid)
-                continue
+                return
             try:
-                fresh = await s.client.get(PODS, *where)
+                async with slots:
+                    fresh = await s.client.get(PODS, *where)
             except (ApiError, OSError, TimeoutError) as exc:
                 log.warning("pod %s/%s: cannot settle an expectation yet: %r", *where, exc)
                 unread += 1
-                continue
+                return
             s.ledger.expectations.observe(uid)
             if fresh is None or (fresh.get("metadata") or {}).get("uid") != uid:
                 if pod is None and not any(uid in k.pods.by_uid for k in s.kinds.values()):
                     s.forget_pod(uid)  # gone before any cache held it: nothing to count
-                continue
+                return
             try:
                 view = parse_pod(fresh)
             except MalformedObject:
-                continue
+                return
             if not view.has_gate(rt.gate) and not view.terminal and not view.deleting:
                 s.ledger.expectations.expect(key, [uid], rt.kind)
+
+        async with anyio.create_task_group() as tg:
+            for uid in uids:
+                tg.start_soon(settle, uid)
         log.warning(
             "%s: %d expectation(s) expired; %d settled from the API server",
             s.describe(key),

@@ -54,7 +54,7 @@ from tests.unit.podfactory import (
     workload,
 )
 from ungater._controller.reconciler import Retry
-from ungater._kube.client import PODS, ApiError
+from ungater._kube.client import PODS, ApiError, Resource
 from ungater._model.views import Kind
 
 pytestmark = pytest.mark.anyio
@@ -407,3 +407,54 @@ async def test_an_expired_expectation_for_a_never_held_pod_that_is_gone_is_forgo
             what="pod 1 released, pod 0 forgotten",
         )
         assert ctl.state.ledger.locate(uid0) is None and ctl.state.ledger.is_gone(uid0)
+
+
+class Overlapping:
+    """The fake, holding each pod GET until ``hold`` are in flight at once (or a short
+    deadline passes), and counting the most in flight."""
+
+    def __init__(self, inner: FakeKube, hold: int) -> None:
+        self.inner = inner
+        self.hold = hold
+        self.in_flight = self.most = 0
+        self.full = anyio.Event()
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    async def get(self, resource: Resource, namespace: Any, name: str) -> Any:
+        if resource.plural != "pods":
+            return await self.inner.get(resource, namespace, name)
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        if self.in_flight >= self.hold:
+            self.full.set()
+        with anyio.move_on_after(1.0):
+            await self.full.wait()
+        try:
+            return await self.inner.get(resource, namespace, name)
+        finally:
+            self.in_flight -= 1
+
+
+async def test_expired_expectations_are_read_back_at_once_as_many_as_patches_may_be() -> None:
+    """Issue 43's big wave: thousands of expectations expired together were read back one
+    after the other, for minutes. They are read at once, at most ``client.patchConcurrency``
+    in flight, and each is settled as before."""
+    fake = FakeKube()
+    client = Overlapping(fake, hold=3)
+    clock = ManualClock(1000.0)
+    _, key, pods = setup(fake, pods=7, admitted=7)
+    cfg = config(client={"patchConcurrency": 3})
+    async with standby(fake, cfg=cfg, clock=clock, client=client) as (ctl, _):
+        await cached(ctl, key, fake, 7)
+        fake.drop_events = {"pods"}
+        for p in pods:
+            released_by_someone(fake, p)
+        ctl.state.ledger.expectations.expect(key, [uid(p) for p in pods], JOB)
+        clock.now += TIMEOUT + 1
+        settled = await ctl.reconciler.settler.settle_expired(
+            key, rt_of(ctl), ctl.state.ledger.expectations.expired(key)
+        )
+        assert settled and client.most == 3  # at once, never past the patches' bound
+        assert ctl.state.ledger.expectations.pending(key) == {uid(p) for p in pods}  # re-armed
