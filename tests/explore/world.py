@@ -191,18 +191,24 @@ STAND_DOWN_RESUME = 90.0
 
 
 def config(kind: Kind, **extra: Any) -> Config:
-    return Config.model_validate(
-        {
-            "kinds": [kind.config()],
-            "mode": "release",
-            "expectationsTimeoutSeconds": EXPECTATIONS_TIMEOUT,
-            "policyCheckIntervalSeconds": 0,
-            # a stand-down on a previous leader's late releases must end within the liveness
-            # oracle's rounds (four of 60 s), as it does after 900 s in production
-            "standDown": {"resumeAfterSeconds": STAND_DOWN_RESUME},
-            **extra,
-        }
-    )
+    raw: dict[str, Any] = {
+        "kinds": [kind.config()],
+        "mode": "release",
+        "expectationsTimeoutSeconds": EXPECTATIONS_TIMEOUT,
+        "policyCheckIntervalSeconds": 0,
+    }
+    if "resume_after_seconds" in _stand_down_fields():
+        # a stand-down on a previous leader's late releases must end within the liveness
+        # oracle's rounds (four of 60 s), as it does after 900 s in production (a controller
+        # older than issue 40, run by ``--against``, has no such setting and never resumes)
+        raw["standDown"] = {"resumeAfterSeconds": STAND_DOWN_RESUME}
+    return Config.model_validate({**raw, **extra})
+
+
+def _stand_down_fields() -> set[str]:
+    field = Config.model_fields.get("stand_down")
+    model = field.annotation if field is not None else None
+    return set(getattr(model, "model_fields", {}))
 
 
 def registry(**override: Any) -> PluginRegistry:
