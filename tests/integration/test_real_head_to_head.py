@@ -98,7 +98,7 @@ async def test_one_free_slot_ungater_takes_the_lowest_index_kueue_the_lowest_nam
         running_controller(kubeconfig, config_for(ns, gate=UNGATER_GATE)) as ctl,
         observed_controller(kubeconfig, audit) as auditing,
     ):
-        reports = Reports(auditing.auditor)
+        reports = Reports(auditing.state.auditor)
         job = await kube.create(JOBS, ns, queued_job("h2h", 7, gate=UNGATER_GATE))
         gates = [g["name"] for g in job["spec"]["template"]["spec"]["schedulingGates"]]
         assert gates == [UNGATER_GATE, KUEUE_GATE], "Kueue's webhook adds its gate"
