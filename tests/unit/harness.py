@@ -11,8 +11,12 @@ import anyio
 import ungater_plugins.job as job_plugin
 
 from tests.fakekube import FakeKube
+from tests.unit.builders import NS, owner_ref, workload
 from ungater._controller.controller import Controller
+from ungater._controller.state import State
+from ungater._decide.indexes import OwnerKey
 from ungater._model.config import Config
+from ungater._model.views import parse_workload
 from ungater._observe.events import EventRecorder
 from ungater._observe.metrics import Metrics
 from ungater._plugins.registry import PluginRegistry
@@ -95,3 +99,17 @@ def owner_facts(ctl: Controller, uid: str) -> Mapping[str, Any] | None:
     """The plugin's facts of an owner, as the controller's cache holds them."""
     held = ctl.state.owners.get(uid)
     return held.facts if held is not None else None
+
+
+def job_state(plugin: Any = job_plugin) -> State:
+    """A Job controller's state on the fake, built as the controller builds it (not started)."""
+    cfg = Config.model_validate({"kinds": [{"group": "batch", "kind": "Job"}]})
+    return Controller(cfg, FakeKube(), PluginRegistry.from_modules({"jobs": plugin})).state
+
+
+def sliced(s: State, owner: str, wl_name: str) -> OwnerKey:
+    """Cache a slice owned by the Job ``owner``; the owner's key."""
+    wl = workload(wl_name, uid=f"uid-{wl_name}")
+    wl["metadata"]["ownerReferences"] = [owner_ref(name=owner, uid=f"uid-{owner}")]
+    s.workloads.on_change(None, parse_workload(wl))
+    return OwnerKey(NS, f"uid-{owner}")

@@ -34,6 +34,7 @@ from ungater._model.config import Config
 from ungater._model.errors import StartupError
 from ungater._model.views import Kind
 from ungater._observe.events import PLUGIN_ERROR, WARNING, EventRecorder
+from ungater._observe.figures import controller_snapshot, gated_pods
 from ungater._observe.metrics import ControllerSnapshot, Metrics
 from ungater._plugins.registry import PluginError, PluginRegistry
 
@@ -134,12 +135,12 @@ class Controller:
 
     def gated_pods(self) -> dict[tuple[str, str, str], int]:
         """Gated pods by (kind, gate, why they wait): what ``ungater_gated_pods`` reports."""
-        return self.state.gated_pods()
+        return gated_pods(self.state)
 
     def metrics_snapshot(self) -> ControllerSnapshot:
         """The figures ``ungater._observe.metrics`` reads at scrape time (its ``SnapshotSource``)."""
-        return self.state.snapshot(
-            ((r.name, r.stats) for r in self.reflectors), self.ready.is_set()
+        return controller_snapshot(
+            self.state, ((r.name, r.stats) for r in self.reflectors), self.ready.is_set()
         )
 
     def status_lines(self) -> list[str]:

@@ -9,7 +9,7 @@ visible by name, instead of every part reaching into the controller. No I/O here
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -17,8 +17,7 @@ import anyio
 
 from ungater._controller.queue import WorkQueue
 from ungater._decide.assess import owner_of
-from ungater._decide.decision import Decision, active_slice, gated_by_reason, order_slices
-from ungater._decide.findings import FINDINGS
+from ungater._decide.decision import Decision, active_slice, order_slices
 from ungater._decide.freshness import Freshness
 from ungater._decide.indexes import (
     ObjectIndex,
@@ -35,11 +34,9 @@ from ungater._decide.releasable import ReleasableClock, Stalls
 from ungater._decide.standdown import StandDown
 from ungater._kube.client import KubeClient
 from ungater._kube.gateguard import GateGuard
-from ungater._kube.reflector import ReflectorStats
 from ungater._model.config import Config
 from ungater._model.views import Kind, ObjectView, parse_object
 from ungater._observe.auditor import Auditor
-from ungater._observe.collector import WATCH_SERIES, ControllerSnapshot
 from ungater._observe.events import EventRecorder, InvolvedObject
 from ungater._observe.metrics import Metrics
 from ungater._observe.trace import Tracer
@@ -244,62 +241,3 @@ class State:
             self._plugin_error(exc, f"{view.namespace}/{view.name}")
             return replace(view, facts={}, facts_error=str(exc))
         return replace(view, facts=dict(facts))
-
-    # -- figures ---------------------------------------------------------------------------------
-
-    def gated_pods(self) -> dict[tuple[str, str, str], int]:
-        """Gated pods by (kind, gate, why they wait), from each owner's last decision."""
-        out: dict[tuple[str, str, str], int] = {}
-        for key, decision in list(self.decisions.items()):
-            rt = self.kind_of(key)
-            if rt is None:
-                continue
-            for reason, n in gated_by_reason(decision).items():
-                label = (str(rt.kind), rt.gate, reason)
-                out[label] = out.get(label, 0) + n
-        return out
-
-    def _audit_findings(self) -> dict[tuple[str, str], int]:
-        """Open findings per (kind, finding), with 0 for every finding of an audited kind that
-        has none open: a series that vanishes reads as "no data", not as "resolved"."""
-        out = {
-            (str(kind), finding): 0
-            for kind, rt in self.kinds.items()
-            if rt.mode == "audit"
-            for finding in FINDINGS
-        }
-        out.update(self.auditor.tracker.counts())
-        return out
-
-    def snapshot(
-        self, watches: Iterable[tuple[str, ReflectorStats]], synced: bool
-    ) -> ControllerSnapshot:
-        """The figures ``ungater._observe.metrics`` exports at scrape time; ``watches``: each reflector's
-        name and counters (summed per name)."""
-        totals: dict[str, dict[str, int]] = {}
-        for name, stats in watches:
-            counters = totals.setdefault(name, {})
-            for counter in WATCH_SERIES:
-                counters[counter] = counters.get(counter, 0) + getattr(stats, counter)
-        return ControllerSnapshot(
-            queue_depth=self.queue.depth,
-            queue_adds=self.queue.adds,
-            queue_retries=self.queue.retries,
-            expectations_pending=len(self.ledger.expectations),
-            expectations_expired=self.ledger.expectations.expired_total,
-            release_blocked=len(self.blocked),
-            watches=totals,
-            cached_workloads=len(self.workloads),
-            cached_pods=sum(len(rt.pods) for rt in self.kinds.values()),
-            cached_intermediates=len(self.objects),
-            synced=synced,
-            audit_findings=self._audit_findings(),
-            stood_down={str(kind): bool(rt.stood_down) for kind, rt in self.kinds.items()},
-            modes={str(kind): rt.mode for kind, rt in self.kinds.items()},
-            stale_provisioning_pods=sum(
-                len(r.stale) for d in list(self.decisions.values()) for r in d.pod_sets
-            ),
-            gate_guard={gate: st.state for gate, st in self.guard.status.items()},
-            gated_pods=self.gated_pods(),
-            stalled_pods=self.stalls.stalled(self.config.audit.stall_seconds),
-        )
