@@ -25,7 +25,7 @@ from ungater._controller.notices import Notices
 from ungater._controller.patcher import Patcher
 from ungater._controller.settling import UNSETTLED_RETRY_SECONDS, Settler
 from ungater._controller.state import KindRuntime, State
-from ungater._controller.view import Bounds, BoundsMoving, PodSnapshot, ViewReader
+from ungater._controller.view import Basis, Bounds, BoundsMoving, PodSnapshot, View, ViewReader
 from ungater._decide.assess import owner_facts_of, owner_of, pod_facts, via_objects
 from ungater._decide.decision import Decision, PodFacts, Release, active_slice, decide
 from ungater._decide.freshness import version_number
@@ -129,12 +129,12 @@ class Reconciler:
             # released on a new term's quorum reads): the view cannot count it, so wait
             deadline = s.ledger.expectations.next_deadline(key)
             return later.sooner(max(deadline if deadline is not None else 1.0, 0.01))
-        cached = self._cached_view(key, rt, owner, slices)
-        decision, retry = self._decide(key, rt, owner, cached, unbounded_if_uncached=True)
+        view = self._cached_view(key, rt, owner, slices)
+        decision, retry = self._decide(key, rt, owner, view, unbounded_if_uncached=True)
         if decision.releases:
             # the caches say a release is due: decide again on the view (view.py), the pods
             # first, then every bound read from the API server after them
-            snapshot = cached[0]
+            snapshot = view.pods
             if s.freshness.unconfirmed(key):  # a new term: the caches may lag the last leader
                 snapshot = await self.view.quorum_snapshot(key, rt, owner, self._in_flight(key))
             try:
@@ -147,7 +147,8 @@ class Reconciler:
             if bounds.gone:
                 return later
             slices = list(bounds.slices)
-            decision, retry = self._decide(key, rt, owner, (snapshot, bounds))
+            view = View(snapshot, bounds, self.view.basis(key))
+            decision, retry = self._decide(key, rt, owner, view)
         later = later.sooner(retry)  # a refused pod is tried again when its backoff runs out
         if s.trace.on:
             s.trace.point("decided", key, releases=len(decision.releases))
@@ -156,7 +157,9 @@ class Reconciler:
         if decision.releases:
             if self.on_decision is not None:
                 self.on_decision(key, decision)
-            released = await self._release(key, rt, owner.name, decision, active_slice(slices))
+            released = await self._release(
+                key, rt, owner.name, decision, active_slice(slices), view.basis
+            )
             later = replace(later, retry=released.retry).sooner(released.after)
         return replace(later, decision=decision)
 
@@ -178,7 +181,7 @@ class Reconciler:
 
     def _cached_view(
         self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef, slices: list[WorkloadView]
-    ) -> tuple[PodSnapshot, Bounds]:
+    ) -> View:
         """The caches, shaped as a view: they say whether a view is worth reading, and are what
         audit mode compares with (it patches nothing)."""
         s = self.s
@@ -192,7 +195,7 @@ class Reconciler:
             tuple(vias),
             gone=False,
         )
-        return snapshot, bounds
+        return View(snapshot, bounds, self.view.basis(key))
 
     def _size_unknown(self, rt: KindRuntime, owner: ObjectRef, bounds: Bounds) -> str:
         """Why the owner's own size cannot be read, if it cannot: a bound that fails must hold
@@ -215,8 +218,8 @@ class Reconciler:
         Also when to look again (a finding that waits for a grace)."""
         s = self.s
         s.stalls.forget(key)  # an audited kind's stalls are the auditor's findings
-        snapshot, bounds = self._cached_view(key, rt, owner, slices)
-        facts, desired = self._facts(rt, owner, snapshot, bounds)
+        view = self._cached_view(key, rt, owner, slices)
+        facts, desired = self._facts(rt, owner, view.pods, view.bounds)
         decision, wait = s.auditor.observe(
             key,
             str(rt.kind),
@@ -245,13 +248,13 @@ class Reconciler:
         key: OwnerKey,
         rt: KindRuntime,
         owner: ObjectRef,
-        view: tuple[PodSnapshot, Bounds],
+        view: View,
         unbounded_if_uncached: bool = False,
     ) -> tuple[Decision, float | None]:
         """The pure decision on one view, and when its first refused pod may be tried again.
         ``unbounded_if_uncached``: an owner the cache does not hold yet does not stop the
         caches from asking for a view (the view reads it)."""
-        snapshot, bounds = view
+        snapshot, bounds = view.pods, view.bounds
         facts, desired = self._facts(rt, owner, snapshot, bounds)
         unknown = self._size_unknown(rt, owner, bounds)
         if unbounded_if_uncached and bounds.owner_facts is None and not bounds.owner_error:
@@ -272,19 +275,6 @@ class Reconciler:
         return decision, max(retry, 0.01) if retry is not None else None
 
     # -- views that may be stale -----------------------------------------------------------------
-
-    def _basis(self, key: OwnerKey) -> tuple[object, ...]:
-        """The caches' versions of what bounds this owner's pods: the owner, its slices, the
-        objects it is sized by. A release is sent (a refused one resent) only while this is as
-        it was when the decision was made: one that waited for a patch slot while a cache
-        showed a change is decided again instead."""
-        s = self.s
-        cached = s.owners.get(key.uid)
-        return (
-            cached.resource_version if cached is not None else None,
-            tuple((w.uid, w.resource_version) for w in s.workloads.for_owner(key.uid)),
-            tuple(sorted((o.uid, o.resource_version) for o in s.objects.controlled_by(key.uid))),
-        )
 
     def _writes_unseen(self, key: OwnerKey, rt: KindRuntime) -> bool:
         """Whether a release of ours for this owner, still in flight (expected or unanswered),
@@ -318,8 +308,10 @@ class Reconciler:
         owner_name: str,
         decision: Decision,
         active: WorkloadView | None,
+        basis: Basis,
     ) -> Outcome:
-        """Expect the chosen pods, patch them, and act on each outcome: what the worker is to
+        """Expect the chosen pods, patch them (each only while the caches still show ``basis``,
+        the decision's view's), and act on each outcome: what the worker is to
         do next (back off when a patch failed or the pods changed; when one was refused for
         good, decide again at once, since the next pod in order may take its slot, and again
         when its backoff runs out)."""
@@ -331,9 +323,8 @@ class Reconciler:
             ((r.pod.uid, r.pod.namespace, r.pod.name, r.pod.resource_version) for r in releases),
             rt.kind,
         )
-        basis = self._basis(key)
         outcomes = await self.patcher.release_all(  # none once rt audits
-            releases, rt, unchanged=lambda: self._basis(key) == basis, key=key
+            releases, rt, unchanged=lambda: self.view.basis(key) == basis, key=key
         )
         retry = False
         failed = 0

@@ -43,7 +43,15 @@ from ungater._model.views import (
     parse_workload,
 )
 
-__all__ = ["SNAPSHOT_ROUNDS", "Bounds", "BoundsMoving", "PodSnapshot", "ViewReader"]
+__all__ = [
+    "SNAPSHOT_ROUNDS",
+    "Basis",
+    "Bounds",
+    "BoundsMoving",
+    "PodSnapshot",
+    "View",
+    "ViewReader",
+]
 
 #: Rounds of bound reads after the first, at most, before a reconcile gives up on a moment
 #: where they all held still (and backs off): each round is one round trip.
@@ -78,12 +86,40 @@ class Bounds:
     gone: bool  # the owner, or an object it is sized by, is gone or another object now
 
 
+#: The caches' versions of what bounds an owner's pods (``ViewReader.basis``).
+Basis = tuple[object, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """One decision's whole input from the cluster: the pods, their bounds, and the basis its
+    patches must still find in the caches when they are sent (taken once the view is complete,
+    with no await before the decision on it)."""
+
+    pods: PodSnapshot
+    bounds: Bounds
+    basis: Basis
+
+
 InFlight = Callable[[list[PodView]], frozenset[str]]
 
 
 class ViewReader:
     def __init__(self, state: State) -> None:
         self.s = state
+
+    def basis(self, key: OwnerKey) -> Basis:
+        """The caches' versions of what bounds this owner's pods: the owner, its slices, the
+        objects it is sized by. A release is sent (a refused one resent) only while this is as
+        it was when its view was complete: one that waited for a patch slot while a cache
+        showed a change is decided again instead."""
+        s = self.s
+        cached = s.owners.get(key.uid)
+        return (
+            cached.resource_version if cached is not None else None,
+            tuple((w.uid, w.resource_version) for w in s.workloads.for_owner(key.uid)),
+            tuple(sorted((o.uid, o.resource_version) for o in s.objects.controlled_by(key.uid))),
+        )
 
     # -- 1. the pods -----------------------------------------------------------------------------
 
