@@ -69,7 +69,18 @@ class Controller:
         )
         self.notices = Notices(s)  # warnings, stand-down, status lines
         self.handlers = EventHandlers(s, self.notices)
-        self.reconciler = Reconciler(s, self.notices, Patcher(s, self.notices))
+        patcher = Patcher(
+            client,
+            s.ledger,
+            s.blocked,
+            self.notices,
+            leading=lambda: s.leading(),  # set once leader election runs
+            concurrency=config.client.patch_concurrency,
+            stats=s.stats,
+            metrics=metrics,
+            trace=s.trace,
+        )
+        self.reconciler = Reconciler(s, self.notices, patcher)
         self.reflectors: list[Reflector[Any]] = []
         s.freshness.cache_versions = lambda: [r.resource_version for r in self.reflectors]
         self.ready = anyio.Event()

@@ -16,14 +16,22 @@ from collections.abc import Callable, Sequence
 import anyio
 
 from ungater._controller.notices import Notices
-from ungater._controller.state import KindRuntime, State
+from ungater._controller.state import KindRuntime, Stats
 from ungater._decide.decision import Release
 from ungater._decide.freshness import version_number
 from ungater._decide.indexes import OwnerKey
+from ungater._decide.ledger import Ledger
 from ungater._decide.patches import release_patch, resend
-from ungater._decide.refusals import PatchOutcome, classify_patch_error, server_message
-from ungater._kube.client import PODS, ApiError
+from ungater._decide.refusals import (
+    BlockedReleases,
+    PatchOutcome,
+    classify_patch_error,
+    server_message,
+)
+from ungater._kube.client import PODS, ApiError, KubeClient
 from ungater._model.views import MalformedObject, PodView, parse_pod
+from ungater._observe.metrics import Metrics
+from ungater._observe.trace import Tracer
 
 __all__ = ["Patcher"]
 
@@ -31,10 +39,31 @@ log = logging.getLogger("ungater.controller")  # one logger for the controller's
 
 
 class Patcher:
-    def __init__(self, state: State, notices: Notices) -> None:
-        self.s = state
+    """Given only what a release reads and writes: the client, the ledger (our writes), the
+    refusals, the stats and metrics, and whether this replica still leads."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        ledger: Ledger,
+        blocked: BlockedReleases,
+        notices: Notices,
+        *,
+        leading: Callable[[], bool],
+        concurrency: int,
+        stats: Stats,
+        metrics: Metrics | None = None,
+        trace: Tracer | None = None,
+    ) -> None:
+        self.client = client
+        self.ledger = ledger
+        self.blocked = blocked
         self.notices = notices
-        self._slots = anyio.Semaphore(state.config.client.patch_concurrency)
+        self.leading = leading
+        self.stats = stats
+        self.metrics = metrics
+        self.trace = trace or Tracer()
+        self._slots = anyio.Semaphore(concurrency)
         # pods read after a refusal that could not be resent, until check_foreign_release
         self._refused_at: dict[str, PodView] = {}
 
@@ -51,7 +80,7 @@ class Patcher:
         other inputs are as they were (the owner, its slices, no shrink since). ``key``, the
         owner's, names the patches in the trace (``logging.trace``)."""
         outcomes: dict[str, PatchOutcome] = {}
-        trace = self.s.trace
+        trace = self.trace
         if trace.on:
             trace.point("release_all", key, pods=len(releases))
 
@@ -64,8 +93,8 @@ class Patcher:
                     return
                 if not unchanged():  # waited for a slot while the caches moved: a send now
                     outcomes[r.pod.uid] = PatchOutcome.SUPERSEDED  # would be an old decision
-                    if self.s.metrics is not None:
-                        self.s.metrics.observe_patch(PatchOutcome.SUPERSEDED)
+                    if self.metrics is not None:
+                        self.metrics.observe_patch(PatchOutcome.SUPERSEDED)
                     return
                 if trace.on:
                     trace.point("patch_sent", key, pod=r.pod.uid)
@@ -87,7 +116,7 @@ class Patcher:
             if again is not None and not unchanged():
                 again = None  # the caches moved since the decision: decide again instead
             if again is not None:  # once: a second refusal goes back to the decision
-                self.s.stats.patch_resent += 1
+                self.stats.patch_resent += 1
                 outcome = await self._send(again)
         return outcome
 
@@ -95,9 +124,8 @@ class Patcher:
         """After a refusal: the same release on the pod as the server has it now, if only its
         version and other writers' gates changed (``patches.resend``). The pod read is kept
         for ``check_foreign_release``, which would read it again."""
-        s = self.s
         try:
-            obj = await s.client.get(PODS, r.pod.namespace, r.pod.name)
+            obj = await self.client.get(PODS, r.pod.namespace, r.pod.name)
             fresh = parse_pod(obj) if obj is not None else None
         except (ApiError, OSError, TimeoutError, MalformedObject):
             return None
@@ -107,63 +135,64 @@ class Patcher:
         if again is None:
             self._refused_at[r.pod.uid] = fresh
             return None
-        s.ledger.resent(r.pod.uid, fresh.resource_version)
+        self.ledger.resent(r.pod.uid, fresh.resource_version)
         return again
 
     async def _send(self, r: Release) -> PatchOutcome:
         outcome = await self._release_once(r)
-        if self.s.metrics is not None:
-            self.s.metrics.observe_patch(outcome)
+        if self.metrics is not None:
+            self.metrics.observe_patch(outcome)
         return outcome
 
     async def _release_once(self, r: Release) -> PatchOutcome:
-        s = self.s
-        if not s.leading():
+        if not self.leading():
             return PatchOutcome.SKIPPED  # leadership lost since the decision: act no more
         try:
-            patched = await s.client.json_patch(PODS, r.pod.namespace, r.pod.name, release_patch(r))
+            patched = await self.client.json_patch(
+                PODS, r.pod.namespace, r.pod.name, release_patch(r)
+            )
         except ApiError as exc:
             outcome = classify_patch_error(exc.status, exc.reason, exc.body)
             if outcome == PatchOutcome.GONE:
-                s.stats.patch_gone += 1
+                self.stats.patch_gone += 1
                 return PatchOutcome.GONE
             if outcome == PatchOutcome.BLOCKED:
-                s.stats.patch_blocked += 1
+                self.stats.patch_blocked += 1
                 message = server_message(exc.reason, exc.body)
-                s.blocked.record(r.pod.uid, r.pod.namespace, r.pod.name, exc.status, message)
+                self.blocked.record(r.pod.uid, r.pod.namespace, r.pod.name, exc.status, message)
                 return PatchOutcome.BLOCKED
             if outcome == PatchOutcome.CONFLICT:
-                s.stats.patch_conflicts += 1
+                self.stats.patch_conflicts += 1
                 log.info(
                     "pod %s/%s changed under us (%s); re-deciding", r.pod.namespace, r.pod.name, exc
                 )
                 return PatchOutcome.CONFLICT
-            s.stats.patch_errors += 1
+            self.stats.patch_errors += 1
             log.warning("patching pod %s/%s failed: %s", r.pod.namespace, r.pod.name, exc)
             return PatchOutcome.ERROR
         except (OSError, TimeoutError) as exc:
-            s.stats.patch_errors += 1
+            self.stats.patch_errors += 1
             log.warning("patching pod %s/%s failed: %r", r.pod.namespace, r.pod.name, exc)
             return PatchOutcome.ERROR
         meta = (patched or {}).get("metadata") or {}
         written = version_number(str(meta.get("resourceVersion") or ""))
         if written is not None:
-            s.ledger.wrote(r.pod.uid, written)  # the gate is gone from here on, by our hand
+            self.ledger.wrote(r.pod.uid, written)  # the gate is gone from here on, by our hand
         if meta.get("deletionTimestamp"):
             # the gate is gone, but so is the pod: a terminating pod runs nothing and frees
             # its slot, so this is no release (not counted, logged or announced)
-            s.stats.released_deleting += 1
+            self.stats.released_deleting += 1
             return PatchOutcome.DELETING
         return PatchOutcome.RELEASED
 
     async def check_foreign_release(self, r: Release, rt: KindRuntime) -> None:
         """Our guarded patch was refused: if the gate is gone, another writer released the pod."""
         view = self._refused_at.pop(r.pod.uid, None)
-        ledger = self.s.ledger
+        ledger = self.ledger
         if ledger.known_released(r.pod.uid):
             return  # reported already, or the gate went by an earlier write of ours
         if view is None:
-            fresh = await self.s.client.get(PODS, r.pod.namespace, r.pod.name)
+            fresh = await self.client.get(PODS, r.pod.namespace, r.pod.name)
             if fresh is None:
                 return
             view = parse_pod(fresh)

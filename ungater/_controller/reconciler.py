@@ -76,7 +76,15 @@ class Reconciler:
         self.notices = notices
         self.patcher = patcher
         self.view = ViewReader(state)
-        self.settler = Settler(state)
+        self.settler = Settler(
+            state.client,
+            state.ledger,
+            concurrency=state.config.client.patch_concurrency,
+            stats=state.stats,
+            held=lambda uid: any(uid in rt.pods.by_uid for rt in state.kinds.values()),
+            forget_pod=state.forget_pod,
+            describe=state.describe,
+        )
         #: Called with each decision that releases, before any patch is sent (no await
         #: between): what tests and tools watch the controller decide through.
         self.on_decision: Callable[[OwnerKey, Decision], None] | None = None

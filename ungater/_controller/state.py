@@ -1,9 +1,11 @@
 """What the controller's parts share: the caches, the work queue and the bookkeeping around them.
 
-The controller (``controller.py``) builds one ``State`` and hands it to the event handlers
-(``handlers.py``), the reconciler (``reconciler.py``), the patcher (``patcher.py``) and the
-notices (``notices.py``). Keeping it in one plain object makes each part's reads and writes
-visible by name, instead of every part reaching into the controller. No I/O here.
+The controller (``controller.py``) builds one ``State`` and hands it to the two halves that
+read most of it, the event handlers (``handlers.py``) and the reconciler (``reconciler.py``),
+and to the notices (``notices.py``) and the view reader (``view.py``). The parts that write to
+the cluster, the patcher (``patcher.py``) and the settler (``settling.py``), are given only the
+pieces they use, by name. One plain object makes each part's reads and writes visible by name,
+instead of every part reaching into the controller. No I/O here.
 """
 
 from __future__ import annotations

@@ -45,10 +45,24 @@ class Notices:
             self.foreign.append((view.name, view.uid))
 
 
+def patcher_on(state: State, notices: Notices) -> Patcher:
+    """A patcher given the state's parts, as the controller gives them."""
+    return Patcher(
+        state.client,
+        state.ledger,
+        state.blocked,
+        notices,  # type: ignore[arg-type]
+        leading=lambda: state.leading(),
+        concurrency=state.config.client.patch_concurrency,
+        stats=state.stats,
+        metrics=state.metrics,
+    )
+
+
 def patcher(fake: FakeKube, metrics: Metrics | None = None) -> tuple[Patcher, Notices, State]:
     state = State(Config(), fake, {}, Stats(), time.monotonic, metrics, None)
     notices = Notices()
-    return Patcher(state, notices), notices, state  # type: ignore[arg-type]
+    return patcher_on(state, notices), notices, state
 
 
 def release_of(raw: dict[str, Any]) -> Release:
@@ -289,7 +303,7 @@ async def test_a_release_refused_only_for_another_writers_gate_is_sent_again_at_
         return await sent(*a)
 
     client.json_patch = json_patch  # type: ignore[method-assign]
-    p = Patcher(state, Notices())  # type: ignore[arg-type]
+    p = patcher_on(state, Notices())
     assert await p.release(decided) == PatchOutcome.RELEASED
     assert seen == [decided.pod.resource_version, now["metadata"]["resourceVersion"]]
     assert client.gets == 1 and state.stats.patch_resent == 1
@@ -318,7 +332,7 @@ async def test_a_refused_release_goes_back_to_the_decision_when_the_pod_changed(
     fake.put(PODS, changed)
     client = CountingGets(fake)
     state = State(Config(), client, {}, Stats(), time.monotonic, None, None)  # type: ignore[arg-type]
-    p = Patcher(state, Notices())  # type: ignore[arg-type]
+    p = patcher_on(state, Notices())
     assert await p.release(decided) == PatchOutcome.CONFLICT
     assert client.patches == 1 and state.stats.patch_resent == 0
 
@@ -338,7 +352,7 @@ async def test_a_release_refused_twice_is_not_sent_a_third_time() -> None:
 
     client.json_patch = json_patch  # type: ignore[method-assign]
     state = State(Config(), client, {}, Stats(), time.monotonic, None, None)  # type: ignore[arg-type]
-    p = Patcher(state, Notices())  # type: ignore[arg-type]
+    p = patcher_on(state, Notices())
     assert await p.release(decided) == PatchOutcome.CONFLICT
     assert client.patches == 2 and state.stats.patch_resent == 1
 
@@ -352,7 +366,7 @@ async def test_the_pod_read_after_a_refusal_serves_the_foreign_release_check() -
     client = CountingGets(fake)
     state = State(Config(), client, {}, Stats(), time.monotonic, None, None)  # type: ignore[arg-type]
     notices = Notices()
-    p = Patcher(state, notices)  # type: ignore[arg-type]
+    p = patcher_on(state, notices)
     assert await p.release(decided) == PatchOutcome.CONFLICT
     await p.check_foreign_release(decided, None)  # type: ignore[arg-type]
     assert notices.foreign == [("c", "uid-c")] and client.gets == 1
@@ -370,6 +384,6 @@ async def test_a_refusal_on_a_pod_at_the_decided_version_is_not_sent_again() -> 
 
     client.json_patch = json_patch  # type: ignore[method-assign]
     state = State(Config(), client, {}, Stats(), time.monotonic, None, None)  # type: ignore[arg-type]
-    p = Patcher(state, Notices())  # type: ignore[arg-type]
+    p = patcher_on(state, Notices())
     assert await p.release(decided) == PatchOutcome.CONFLICT
     assert client.patches == 1 and client.gets == 1
