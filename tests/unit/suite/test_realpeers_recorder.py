@@ -167,12 +167,14 @@ async def test_a_release_hidden_in_a_gap_fails_the_replay(
             hidden = release(fake, owner, 1)  # 2 live released for a cap of 1
             fake.delete(PODS, NAMESPACE, name(owner, 1))
             gone = fake.rv
-            lists, requests = fake.lists, fake.requests
+            requests = fake.requests
             fault(fake)
-            # until the recorder relisted (or, as the old one did, retried from its expired
-            # resourceVersion ten times)
+            # until the recorder recorded its relist (or, as the old one did, retried from its
+            # expired resourceVersion ten times); the fake counts a LIST when it is asked, so
+            # its count alone let the test stop the recorder before the answer was recorded
             await eventually(
-                lambda: fake.lists > lists or fake.requests > requests + 10, what="a relist"
+                lambda: watch.relists.get("pod", 0) > 0 or fake.requests > requests + 10,
+                what="a relist",
             )
             fake.put(PODS, job_pod(owner, 2, gates=[UNGATER_GATE]))  # after the gap
     assert isinstance(caught.value, realpeers.IncompleteHistory), caught.value
