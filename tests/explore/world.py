@@ -69,9 +69,9 @@ class SteppedClient:
     """The fake API server, with every request of a reconcile held until the explorer lets it
     through (``World.gating``); a reflector's own lists go straight through."""
 
-    def __init__(self, world: World, replica: Replica) -> None:
+    def __init__(self, world: World) -> None:
         self.world = world
-        self.replica = replica
+        self.replica: Replica  # set once its controller is built on this client
         self.fake = world.fake
 
     def __getattr__(self, name: str) -> Any:
@@ -301,11 +301,11 @@ class World:
         settings = _CONFIGS.get(key)
         if settings is None:
             settings = _CONFIGS[key] = config(self.kind, **extra)
-        ctl = Controller(settings, self.fake, REGISTRY, clock=self.clock)
-        replica = Replica(name, ctl, elector)
-        client = SteppedClient(self, replica)
-        ctl.client = client
-        ctl.state.client = client
+        # the controller is built on the stepped client, so that every part it gives the
+        # client to (the patcher and settler hold their own reference) is stepped
+        client = SteppedClient(self)
+        ctl = Controller(settings, client, REGISTRY, clock=self.clock)  # type: ignore[arg-type]
+        replica = client.replica = Replica(name, ctl, elector)
         ctl.state.leading = lambda: elector.is_leader
         freshness = getattr(ctl.state, "freshness", None)
         if freshness is not None and hasattr(freshness, "term_start"):
