@@ -126,12 +126,15 @@ class Reconciler:
         if s.ledger.uncertain_of(key) and not await self.settler.settle_uncertain(key, rt):
             later = later.sooner(UNSETTLED_RETRY_SECONDS)  # still in flight: settle it soon
         if s.ledger.expectations.has_pending(key):
+            # our releases the deciding view has not shown yet count in flight (the snapshot
+            # takes them), so the owner is decided on all the same; one that expired is read
+            # back first, and the owner comes back when the next one expires
             expired = s.ledger.expectations.expired(key)
-            if not expired:
-                wait = s.ledger.expectations.next_deadline(key) or 0.0
-                return later.sooner(max(wait, 0.01))
-            if not await self.settler.settle_expired(key, rt, expired):
+            if expired and not await self.settler.settle_expired(key, rt, expired):
                 later = later.sooner(UNSETTLED_RETRY_SECONDS)  # one read failed: again soon
+            wait = s.ledger.expectations.next_deadline(key)
+            if wait is not None:
+                later = later.sooner(max(wait, 0.01))
         if self._writes_unseen(key, rt):
             # a write of ours may have released a pod this view does not hold at all (one
             # released on a new term's quorum reads): the view cannot count it, so wait

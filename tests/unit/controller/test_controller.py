@@ -148,11 +148,11 @@ async def test_only_our_gate_is_removed() -> None:
 
 @pytest.mark.anyio
 async def test_lost_watch_events_never_over_release_and_expire() -> None:
-    """Our patches land but the pod watch never shows them. Until the expectations expire the
-    controller counts the two pods as in flight and releases nothing more, even when the
-    admission grows; when they expire it reads the pods from the API server, sees them released
-    and keeps counting them (no re-patch of a released pod, no false foreign release), and
-    releases exactly the one pod the new admission allows."""
+    """Our patches land but the pod watch never shows them. The controller counts the two pods
+    as in flight: when the admission grows by one it releases exactly one more, at once, not
+    three; when the expectations expire it reads the pods from the API server, sees them
+    released and keeps counting them (no re-patch of a released pod, no false foreign
+    release)."""
     fake = FakeKube(strict=True)
     owner = setup_job(fake, 4)
     fake.put(WORKLOADS, workload(owner, "train-a", count=4, admitted=2))
@@ -170,12 +170,14 @@ async def test_lost_watch_events_never_over_release_and_expire() -> None:
         assert released_indexes(fake) == [0, 1]
         assert all(GATE in gates_of(p) for p in ctl_pods(ctl)), "the cache never saw them"
         fake.put(WORKLOADS, workload(owner, "train-a", count=4, admitted=3))
+        await eventually(lambda: released_indexes(fake) == [0, 1, 2], what="one more, at once")
+        assert ctl.state.ledger.expectations.expired_total == 0, "before any expired"
         await holds_for(
-            lambda: released_indexes(fake) == [0, 1], 0.6, what="in flight until they expire"
+            lambda: released_indexes(fake) == [0, 1, 2], 0.6, what="the two still in flight"
         )
-        assert ctl.state.ledger.expectations.expired_total == 0
-        await eventually(lambda: released_indexes(fake) == [0, 1, 2], timeout=5, what="expiry")
-        assert ctl.state.ledger.expectations.expired_total >= 2
+        await eventually(
+            lambda: ctl.state.ledger.expectations.expired_total >= 2, timeout=5, what="expiry"
+        )
         await holds_for(lambda: live_released(fake) == 3, 2.0, what="cap 3 across re-expiry")
         assert len(fake.patches) == 3
         assert ctl.stats.patch_conflicts == 0

@@ -209,8 +209,9 @@ async def test_our_own_release_seen_and_then_ended_frees_its_slot() -> None:
 
 
 async def test_pending_expectations_re_queue_the_owner_when_the_first_one_expires() -> None:
-    """Expectations still pending: no decision now, and the owner comes back when the first
-    one expires (not at once, not later)."""
+    """Expectations still pending: the owner is decided on all the same, the expected pod
+    counting in flight (not released again), and comes back when the first expectation
+    expires (not at once, not later)."""
     fake = FakeKube()
     clock = ManualClock(1000.0)
     _, key, pods = setup(fake, pods=1, admitted=1)
@@ -222,9 +223,11 @@ async def test_pending_expectations_re_queue_the_owner_when_the_first_one_expire
             ctl.state.queue.done(await ctl.state.queue.get())
         before = ctl.stats.reconciles
         outcome = await ctl.reconciler.reconcile(key)
-        assert outcome.decision is None and outcome.retry is None
+        assert outcome.decision is not None and outcome.retry is None
+        assert not outcome.decision.releases
+        assert [r.in_flight for r in outcome.decision.pod_sets] == [1]
         assert ctl.stats.reconciles == before + 1
-        assert gated(fake, pods[0]) and key not in ctl.state.decisions
+        assert gated(fake, pods[0]) and not fake.patches
         assert outcome.after == pytest.approx(0.5)  # not at once, but at the first expiry
 
 
