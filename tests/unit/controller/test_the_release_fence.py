@@ -168,7 +168,8 @@ async def test_a_reconcile_settles_an_unknown_outcome_and_counts_a_released_pod_
     """Our patch failed (unknown outcome) while another writer released the pod; the watch
     never showed it. The next reconcile settles it from the server, with no clock: the pod is
     at another version (our patch can no longer land) and released and live, so it is in
-    flight (expected in the deciding view) and nothing more is patched (not even a fence)."""
+    flight (expected in the deciding view, counted so by the decision) and nothing more is
+    patched (not even a fence)."""
     fake = FakeKube()
     clock = ManualClock(1000.0)
     _, key, pods = setup(fake, pods=2, admitted=1)
@@ -182,7 +183,8 @@ async def test_a_reconcile_settles_an_unknown_outcome_and_counts_a_released_pod_
         released_by_someone(fake, pods[0])
         attempted.clear()
         decision = (await ctl.reconciler.reconcile(key)).decision
-        assert decision is None  # it waits for the deciding view to show that release
+        assert decision is not None and not decision.releases  # pod 1 stays gated: cap 1
+        assert [r.in_flight for r in decision.pod_sets] == [1]
         assert attempted == []
         assert ctl.state.ledger.expectations.pending(key) == {uid(pods[0])}
         assert not ctl.state.ledger.uncertain_pods() and ctl.state.ledger.is_ours(uid(pods[0]))
