@@ -138,6 +138,9 @@ class Summary:
     incl_fn: Counter[str] = field(default_factory=Counter)
     self_group: Counter[str] = field(default_factory=Counter)
     incl_group: Counter[str] = field(default_factory=Counter)
+    #: by what the event loop was running: the task's coroutine (the frame under anyio's
+    #: task runner), else the loop callback (under ``Handle._run``), else the loop itself
+    by_task: Counter[str] = field(default_factory=Counter)
 
 
 def _stacks(path: Path) -> Iterator[tuple[list[str], int]]:
@@ -145,6 +148,19 @@ def _stacks(path: Path) -> Iterator[tuple[list[str], int]]:
         stack, _, count = line.rpartition(" ")
         if stack and count.isdigit():
             yield stack.split(";"), int(count)
+
+
+_TASK_RUNNERS = ("TaskHandle._run_coro (", "Task.__step (", "Handle._run (")
+_WAITING = "waiting (selectors, threading)"
+
+
+def _task_of(fns: list[str], leaf_group: str) -> str:
+    """What the loop was running in one stack: the frame under the innermost task runner
+    (anyio's or asyncio's task step, else a loop callback), the waiting loop, or "other"."""
+    for i in range(len(fns) - 1, -1, -1):
+        if fns[i].startswith(_TASK_RUNNERS) and i + 1 < len(fns):
+            return fns[i + 1]
+    return "(waiting)" if leaf_group == _WAITING else "(other)"
 
 
 def summary(path: Path) -> Summary:
@@ -161,6 +177,7 @@ def summary(path: Path) -> Summary:
             groups.append(group_of(file))
         out.self_fn[fns[-1]] += n
         out.self_group[groups[-1]] += n
+        out.by_task[_task_of(fns, groups[-1])] += n
         for fn in set(fns):
             out.incl_fn[fn] += n
         for g in set(groups):
@@ -194,8 +211,15 @@ def render(named: dict[str, Summary], rows: int = 15) -> str:
         lines.append(f"| {g} | " + " | ".join(cells) + " |")
     lines.append("| (samples) | " + " | ".join(f"{s.total} | " for s in named.values()) + " |")
     for name, s in named.items():
-        for title, counter in (("self", s.self_fn), ("inclusive", s.incl_fn)):
-            lines += ["", f"{name}, top functions by {title} samples:", ""]
+        # the frames under every stack (the process's main, the event loop) say nothing
+        roots = {fn for fn, c in s.incl_fn.items() if c >= 0.8 * s.total}
+        inclusive = Counter({fn: c for fn, c in s.incl_fn.items() if fn not in roots})
+        for title, counter in (
+            ("what the loop ran (task or callback)", s.by_task),
+            ("self samples", s.self_fn),
+            ("inclusive samples (the frames under 80% or more of the stacks left out)", inclusive),
+        ):
+            lines += ["", f"{name}, top functions by {title}:", ""]
             lines += ["| function | samples | share |", "|---|---:|---:|"]
             for fn, c in counter.most_common(rows):
                 lines.append(f"| `{fn}` | {c} | {_pct(c, s.total).strip()} |")

@@ -14,6 +14,9 @@ STACKS = (
     "Reflector.apply (ungater/_kube/reflector.py:160);"
     "Reflector.apply (ungater/_kube/reflector.py:161) 2\n"
     "<module> (ungater/__main__.py:6);select (selectors.py:468) 5\n"
+    "<module> (ungater/__main__.py:6);TaskHandle._run_coro (anyio/_core/_tasks.py:327);"
+    "Patcher.release_all.<locals>.sender (ungater/_controller/patcher.py:110);"
+    "ApiClientKube._request (ungater/_kube/adapter.py:45) 4\n"
     "not a sample line\n"
 )
 
@@ -31,15 +34,21 @@ def test_self_counts_the_sampled_frame_and_inclusive_each_function_once(tmp_path
     path = tmp_path / "p.txt"
     path.write_text(STACKS)
     s = summary(path)
-    assert s.total == 10
+    assert s.total == 14
     assert s.self_fn["JSONDecoder.decode (json/decoder.py)"] == 3
     assert s.self_fn["Reflector.apply (ungater/_kube/reflector.py)"] == 2
     # lines merged, and a recursive frame counted once per stack
     assert s.incl_fn["Reflector.apply (ungater/_kube/reflector.py)"] == 2
     assert s.incl_fn["Reflector.run (ungater/_kube/reflector.py)"] == 5
-    assert s.self_group == {"json": 3, "ungater._kube": 2, "waiting (selectors, threading)": 5}
-    assert s.incl_group["ungater._kube"] == 5
-    assert s.incl_group["ungater (other)"] == 10
+    assert s.self_group == {"json": 3, "ungater._kube": 6, "waiting (selectors, threading)": 5}
+    assert s.incl_group["ungater._kube"] == 9
+    assert s.incl_group["ungater (other)"] == 14
+    # what the loop ran: the frame under the task runner, else waiting or other
+    assert s.by_task == {
+        "Patcher.release_all.<locals>.sender (ungater/_controller/patcher.py)": 4,
+        "(waiting)": 5,
+        "(other)": 5,
+    }
 
 
 def test_render_puts_profiles_side_by_side(tmp_path: Path) -> None:
@@ -48,7 +57,8 @@ def test_render_puts_profiles_side_by_side(tmp_path: Path) -> None:
     merge([a, a], b)  # the windows summed: every count doubled
     text = render({"ctl": summary(a), "raw": summary(b)}, rows=2)
     assert "| group | ctl self | ctl incl. | raw self | raw incl. |" in text
-    assert "| json |  30.0% |  30.0% |  30.0% |  30.0% |" in text
-    assert "| (samples) | 10 |  | 20 |  |" in text
-    assert "raw, top functions by inclusive samples:" in text
+    assert "| json |  21.4% |  21.4% |  21.4% |  21.4% |" in text
+    assert "| (samples) | 14 |  | 28 |  |" in text
+    assert "`<module> (ungater/__main__.py)`" not in text.split("by inclusive")[1]  # a root
+    assert "raw, top functions by what the loop ran (task or callback):" in text
     assert main([f"ctl={a}", str(b)]) == 0
