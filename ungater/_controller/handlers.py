@@ -160,16 +160,16 @@ class EventHandlers:
                 # only this kind's own view clears what this kind's reconcile expects
                 s.ledger.expectations.observe(pod.uid, rt.kind)
                 s.blocked.clear(pod.uid)
-            if (
-                s.leading()  # a standby sees the leader's releases: not foreign
-                and not from_list()  # a list shows a gate gone, not when it went
-                and _after(pod, s.freshness.term_start())  # nor one older than this term
-                and old is not None
+            if (  # the cheap tests first: every release of ours stops at is_ours
+                old is not None
                 and new is not None
                 and old.has_gate(gate)
                 and not new.has_gate(gate)
                 and not s.ledger.is_ours(pod.uid)
                 and not s.ledger.is_gone(pod.uid)  # a lagging watch replaying a gone pod's past
+                and s.leading()  # a standby sees the leader's releases: not foreign
+                and not from_list()  # a list shows a gate gone, not when it went
+                and _after(pod, s.freshness.term_start())  # nor one older than this term
             ):
                 if rt.mode == "release":
                     self.notices.foreign_release(new, rt, s.ledger.foreign(pod.uid))

@@ -64,6 +64,7 @@ class Patcher:
         self.metrics = metrics
         self.trace = trace or Tracer()
         self._slots = anyio.Semaphore(concurrency)
+        self._senders = max(1, concurrency)  # tasks per wave: no more than can send at once
         # pods read after a refusal that could not be resent, until check_foreign_release
         self._refused_at: dict[str, PodView] = {}
 
@@ -102,9 +103,17 @@ class Patcher:
                 if trace.on:
                     trace.point("patch_answered", key, pod=r.pod.uid, outcome=outcomes[r.pod.uid])
 
+        # at most patchConcurrency tasks take the releases in order, not one task per pod: a
+        # wave of a thousand pods spawned a thousand tasks that only waited for a slot
+        todo = iter(releases)
+
+        async def sender() -> None:
+            for r in todo:  # shared: each release is taken by exactly one sender
+                await one(r)
+
         async with anyio.create_task_group() as tg:
-            for r in releases:
-                tg.start_soon(one, r)
+            for _ in range(min(len(releases), self._senders)):
+                tg.start_soon(sender)
         return outcomes
 
     async def release(

@@ -410,13 +410,12 @@ class Reconciler:
             by_set[r.pod_set] = by_set.get(r.pod_set, 0) + 1
         admitted = active.conditions.get(ADMITTED) if active is not None else None
         latency = seconds_since(admitted.transition_time) if admitted is not None else None
-        if s.metrics is not None:
-            for waited in waits:
-                s.metrics.observe_release_wait(str(rt.kind), waited)
+        kind = str(rt.kind)
+        if s.metrics is not None and waits:
+            s.metrics.observe_release_wait(kind, *waits)
         for pod_set, n in by_set.items():
             if s.metrics is not None:
-                for _ in range(n):
-                    s.metrics.observe_release(str(rt.kind), pod_set, latency)
+                s.metrics.observe_release(kind, pod_set, latency, pods=n)
             if s.events is not None and active is not None:
                 s.events.record(
                     InvolvedObject.workload(active, s.workload_version),

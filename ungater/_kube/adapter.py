@@ -13,12 +13,27 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import anyio
+import orjson
 
 from ungater._kube.client import ApiError, GoneError, Resource
 from ungater._kube.ratelimit import RateLimiter
 
-__all__ = ["KEEPALIVE_SECONDS", "ApiClientKube", "connect"]
+__all__ = ["KEEPALIVE_SECONDS", "ApiClientKube", "connect", "loads"]
+
+
+def loads(raw: bytes | str) -> Any:
+    """JSON as ``json.loads`` reads it, parsed by orjson (several times faster: every watch
+    event and every answer goes through here).
+
+    What orjson refuses and ``json.loads`` takes (NaN, Infinity, a lone surrogate) is read by
+    ``json.loads``, so nothing that parsed before fails now. One difference remains: orjson
+    reads an integer beyond 64 bits as a float; the API server holds every integer of an
+    object as an int64 (its JSON decoding of objects), so none reaches here.
+    """
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
 
 
 class ApiClientKube:
@@ -62,11 +77,11 @@ class ApiClientKube:
             text = raw.decode("utf-8", "replace")
             reason = resp.reason or ""
             with contextlib.suppress(ValueError, AttributeError):
-                reason = json.loads(text).get("message", reason)
+                reason = loads(text).get("message", reason)
             if resp.status == 410:
                 raise GoneError(reason)
             raise ApiError(resp.status, reason, text)
-        data: dict[str, Any] = json.loads(raw)
+        data: dict[str, Any] = loads(raw)
         return data
 
     async def list_pages(
@@ -119,23 +134,26 @@ class ApiClientKube:
             query.append(("resourceVersion", resource_version))
         if label_selector:
             query.append(("labelSelector", label_selector))
-        timeout = aiohttp.ClientTimeout(total=None, connect=self._timeout, sock_read=None)
+        # a stream silent for silence_seconds raises TimeoutError (aiohttp's read timeout,
+        # rearmed by every packet: one timer per read, not a cancel scope per chunk)
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=self._timeout, sock_read=silence_seconds
+        )
         resp = await self._request("GET", resource.path(namespace), query, timeout=timeout)
         try:
             if resp.status >= 400:
                 await self._json(resp)
             buf = b""
             while True:  # ends when the server closes the stream (timeoutSeconds) or on silence
-                with anyio.fail_after(silence_seconds):
-                    chunk = await resp.content.readany()
+                chunk = await resp.content.readany()
                 if not chunk:
                     return
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
+                # every complete line of the chunk, in one split (a chunk carries many events)
+                *lines, buf = (buf + chunk).split(b"\n")
+                for line in lines:
                     if not line.strip():
                         continue
-                    event = json.loads(line)
+                    event = loads(line)
                     if event.get("type") == "ERROR":
                         status = event.get("object") or {}
                         if status.get("code") == 410:

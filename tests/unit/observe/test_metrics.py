@@ -97,6 +97,22 @@ def test_counters_and_histograms_move() -> None:
     )
 
 
+def test_pods_released_together_count_as_each_released_alone() -> None:
+    """The reconciler observes a pod set's releases in one call (``pods=``) and its waits in
+    one call; the series move as one call per pod would move them."""
+    m = Metrics()
+    m.observe_release("Job.batch", "main", latency=0.3, pods=3)
+    m.observe_release("Job.batch", "main", latency=None, pods=2)
+    m.observe_release_wait("Job.batch", 0.1, 2.0, -1.0)
+    m.observe_release_wait("Job.batch")
+    m.observe_patch("superseded")  # not a series made up front: made on first use
+    assert value(m, "ungater_pods_released_total", kind="Job.batch", pod_set="main") == 5
+    assert value(m, "ungater_release_latency_seconds_count") == 3
+    assert value(m, "ungater_release_wait_seconds_count", kind="Job.batch") == 3
+    assert value(m, "ungater_release_wait_seconds_sum", kind="Job.batch") == 2.1
+    assert value(m, "ungater_patches_total", outcome="superseded") == 1
+
+
 def test_registries_are_private() -> None:
     a, b = Metrics(), Metrics()  # no duplicate-registration error: nothing global
     a.observe_patch("error")
