@@ -156,9 +156,10 @@ class EventHandlers:
             if new is not None:
                 s.releasable.pod_seen(new.uid)
             settled = new is None or not new.has_gate(gate) or new.terminal or new.deleting
+            expected = None
             if settled:
                 # only this kind's own view clears what this kind's reconcile expects
-                s.ledger.expectations.observe(pod.uid, rt.kind)
+                expected = s.ledger.expectations.observe(pod.uid, rt.kind)
                 s.blocked.clear(pod.uid)
             if (  # the cheap tests first: every release of ours stops at is_ours
                 old is not None
@@ -178,6 +179,10 @@ class EventHandlers:
             if new is None and not any(pod.uid in k.pods.by_uid for k in s.kinds.values()):
                 s.forget_pod(pod.uid)  # no view holds it any more
             if old is not None and new is not None and not _relevant_change(old, new):
+                return
+            if expected is not None and old is not None and _only_released(old, new, gate):
+                # our own release, now shown: its pod counted in flight and now counts as
+                # released, the same in every decision, so the owner needs no new one
                 return
             ctrl = pod.controller
             keys = s.owners_of(pod.namespace, ctrl.uid if ctrl else None)
@@ -206,6 +211,19 @@ def _trace_workload(s: State, old: WorkloadView | None, new: WorkloadView | None
             admitted=new is not None and new.condition_true(ADMITTED),
             deleted=new is None,
         )
+
+
+def _only_released(old: PodView, new: PodView | None, gate: str) -> bool:
+    """The change is ``gate`` gone from a live pod, and nothing else the decision reads."""
+    return (
+        new is not None
+        and _live(old)
+        and _live(new)
+        and gate in old.gates
+        and tuple(g for g in old.gates if g != gate) == tuple(new.gates)
+        and old.labels == new.labels
+        and old.owner_refs == new.owner_refs
+    )
 
 
 def _relevant_change(old: PodView, new: PodView) -> bool:
