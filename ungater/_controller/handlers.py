@@ -180,16 +180,17 @@ class EventHandlers:
                 s.forget_pod(pod.uid)  # no view holds it any more
             if old is not None and new is not None and not _relevant_change(old, new):
                 return
-            if expected is not None and old is not None and _only_released(old, new, gate):
-                # our own release, now shown: its pod counted in flight and now counts as
-                # released, the same in every decision, so the owner needs no new one
-                return
+            # our own release, now shown: its pod counted in flight and now counts as released,
+            # the same in every decision, so the owner needs no new one
+            own = expected is not None and old is not None and _only_released(old, new, gate)
             ctrl = pod.controller
             keys = s.owners_of(pod.namespace, ctrl.uid if ctrl else None)
             freed = _released_live(old, gate) and not _released_live(new, gate)
             for key in keys:
                 if s.trace.on:
-                    s.trace.point("pod_event", key, pod=pod.uid, gone=new is None)
+                    s.trace.point("pod_event", key, pod=pod.uid, gone=new is None, ours=own)
+                if own:
+                    continue
                 if freed:
                     s.releasable.room_made(key)
                 s.queue.add(key)

@@ -574,3 +574,33 @@ def test_the_intermediates_of_several_kinds_are_each_watched_none_lost_to_anothe
         ("statefulsets", "leaderworkerset.sigs.k8s.io/name"),
         ("workergroups", "example.com/x"),
     ]
+
+
+async def test_our_own_release_shown_by_the_watch_queues_nothing_but_anything_else_does() -> None:
+    """Our release, once the deciding view shows it, changes no decision (the pod counted in
+    flight and now counts as released), so it queues no reconcile: a wave of a thousand pods
+    is not decided again a thousand times. The same change with no expectation of ours (another
+    writer's release), or with more than our gate gone, still queues the owner."""
+    ctl = controller()
+    rt = runtime(ctl, "Job")
+    owner = job("train")
+    key = admitted(ctl, owner, "main", 3)
+    pods = [job_pod(owner, index=i) for i in range(3)]
+    for p in pods:
+        ctl.handlers.pod_handler(rt)(None, parse_pod(p))
+        ctl.state.ledger.mine(
+            p["metadata"]["uid"], p["metadata"]["namespace"], p["metadata"]["name"]
+        )
+    ctl.state.ledger.expectations.expect(key, [pods[0]["metadata"]["uid"]], rt.kind)
+    ctl.state.ledger.expectations.expect(key, [pods[2]["metadata"]["uid"]], rt.kind)
+    await queued(ctl)
+    ctl.handlers.pod_handler(rt)(parse_pod(pods[0]), parse_pod(release(pods[0])))
+    assert ctl.state.ledger.expectations.pending(key) == {pods[2]["metadata"]["uid"]}
+    assert await queued(ctl) == []  # ours, expected: nothing to decide again
+    ctl.handlers.pod_handler(rt)(parse_pod(pods[1]), parse_pod(release(pods[1])))
+    assert await queued(ctl) == [key]  # not expected: another writer's, decided again
+    relabelled = release(pods[2])
+    _relabelled(relabelled)
+    ctl.handlers.pod_handler(rt)(parse_pod(pods[2]), parse_pod(relabelled))
+    assert ctl.state.ledger.expectations.pending(key) == frozenset()
+    assert await queued(ctl) == [key]  # expected, but its labels changed too
