@@ -378,6 +378,25 @@ TOUCHED_SLICE = Scenario(
     ],
 )
 
+
+def _admitted_mid_read_build(world: Any) -> None:
+    _owner(world, MAIN, 3)
+    _pods(world, MAIN, range(1), released=True)
+    _pods(world, MAIN, range(1, 3))
+    k.new_slice(world, MAIN, 2, "", admitted=True)
+
+
+ADMITTED_MID_READ = Scenario(
+    "admitted-mid-read",
+    "owner 3, pod 0 released, S1 admits 2; S2 admitted at 3 (cutting short a view's reads), "
+    "then the owner shrinks to 2, pod 2 deleted",
+    _admitted_mid_read_build,
+    [
+        ("S1 finished, S2 admitted at 3", _replace_slice(3, "s2", "", 20)),
+        ("the owner shrinks to 2, pod 2 deleted", _shrink(2, range(2, 3))),
+    ],
+)
+
 ALL: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -394,6 +413,7 @@ ALL: dict[str, Scenario] = {
         GROW,
         QUEUED_SENDS,
         TOUCHED_SLICE,
+        ADMITTED_MID_READ,
     )
 }
 
@@ -415,4 +435,5 @@ CI_DEPTHS = {
     "grow": 2,
     "queued-sends": 4,
     "touched-slice": 4,
+    "admitted-mid-read": 4,
 }

@@ -231,3 +231,23 @@ async def test_hashing_finds_what_the_search_without_it_finds() -> None:
         found[hashing] = (report.violation, len(report.trace), report.states)
     assert found[True][:2] == found[False][:2] and found[True][1] == 3, found
     assert found[False][2] > found[True][2], found
+
+
+@pytest.mark.anyio
+async def test_an_admission_delivered_mid_read_cuts_the_reconcile_short_in_the_world() -> None:
+    """The explorer's world reaches the path where an admission cuts a view's reads short:
+    a reconcile paused on its first read ends when S2's admission is delivered, having sent
+    nothing; the next reconcile releases what S2 admits, within the cap."""
+    world = await _world("admitted-mid-read")
+    try:
+        rep = world.replica("a")
+        await world.step(Action("reconcile-pausing", ("a", "train")))
+        assert rep.task is not None and rep.requests and rep.requests[0].kind == "get"
+        await _story(world, 1)  # S1 finished, S2 admitted at 3
+        await world.step(Action("deliver", ("a", "workloads")))
+        assert rep.task is None and not rep.requests
+        assert rep.ctl.state.stats.reads_preempted == 1 and world.landed == 0
+        await world.step(Action("reconcile", ("a", "train")))
+        assert world.landed == 2
+    finally:
+        await world.close()

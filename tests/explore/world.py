@@ -465,6 +465,9 @@ class World:
         else:
             raise ValueError(name)
         await _settle()
+        for other in self.replicas:
+            if other.task is not None and other.task.done():
+                self._ended(other)  # an admission this step delivered cut its reads short
         oracles.check_reports(self)
 
     # -- the parts of a step -----------------------------------------------------------------------

@@ -81,6 +81,7 @@ class Controller:
             trace=s.trace,
         )
         self.reconciler = Reconciler(s, self.notices, patcher)
+        self.handlers.on_admission = self.reconciler.preempt_reads
         self.reflectors: list[Reflector[Any]] = []
         s.freshness.cache_versions = lambda: [r.resource_version for r in self.reflectors]
         self.ready = anyio.Event()

@@ -37,6 +37,8 @@ class EventHandlers:
     def __init__(self, state: State, notices: Notices) -> None:
         self.s = state
         self.notices = notices
+        #: Told of each owner whose admission changed (the controller cuts its reads short).
+        self.on_admission: Callable[[OwnerKey], object] = lambda key: None
 
     def reflectors(
         self, client: KubeClient, workload_version: str, namespaces: Sequence[str | None]
@@ -100,11 +102,13 @@ class EventHandlers:
         s.workloads.on_change(old, new)
         if s.trace.on:
             _trace_workload(s, old, new)
-        if new is not None and new.owner is not None and _admission_changed(old, new):
-            s.releasable.room_made(OwnerKey(new.namespace, new.owner.uid))
         for wl in (old, new):
             if wl is not None and wl.owner is not None:
                 s.queue.add(OwnerKey(wl.namespace, wl.owner.uid))
+        if new is not None and new.owner is not None and _admission_changed(old, new):
+            key = OwnerKey(new.namespace, new.owner.uid)
+            s.releasable.room_made(key)
+            self.on_admission(key)  # queued above: a view read for the old one is moot
 
     # -- owner objects and intermediates ---------------------------------------------------------
 

@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+import anyio
+
 from ungater._controller.notices import Notices
 from ungater._controller.patcher import Patcher
 from ungater._controller.settling import UNSETTLED_RETRY_SECONDS, Settler
@@ -85,6 +87,8 @@ class Reconciler:
             forget_pod=state.forget_pod,
             describe=state.describe,
         )
+        #: The reads of each owner's view under way, which an admission may cut short.
+        self._reading: dict[OwnerKey, anyio.CancelScope] = {}
         #: Called with each decision that releases, before any patch is sent (no await
         #: between): what tests and tools watch the controller decide through.
         self.on_decision: Callable[[OwnerKey, Decision], None] | None = None
@@ -146,15 +150,23 @@ class Reconciler:
             # the caches say a release is due: decide again on the view (view.py), the pods
             # first, then every bound read from the API server after them
             snapshot = view.pods
-            if s.freshness.unconfirmed(key):  # a new term: the caches may lag the last leader
-                snapshot = await self.view.quorum_snapshot(key, rt, owner, self._in_flight(key))
-            try:
-                bounds = await self.view.bounds(
-                    key, rt, owner, s.workloads.for_owner(key.uid), snapshot
-                )
-            except BoundsMoving as exc:
-                log.info("%s; retrying with backoff", exc)
-                return replace(later, retry=Retry.MOVING)
+            with anyio.CancelScope() as reading:
+                self._reading[key] = reading  # preempt_reads may drop these reads
+                try:
+                    if s.freshness.unconfirmed(key):  # a new term: the caches may lag
+                        snapshot = await self.view.quorum_snapshot(
+                            key, rt, owner, self._in_flight(key)
+                        )
+                    bounds = await self.view.bounds(
+                        key, rt, owner, s.workloads.for_owner(key.uid), snapshot
+                    )
+                except BoundsMoving as exc:
+                    log.info("%s; retrying with backoff", exc)
+                    return replace(later, retry=Retry.MOVING)
+                finally:
+                    del self._reading[key]
+            if reading.cancelled_caught:  # nothing was written on these reads: decide anew
+                return replace(later, after=0.0)
             if bounds.gone:
                 return later
             slices = list(bounds.slices)
@@ -173,6 +185,20 @@ class Reconciler:
             )
             later = replace(later, retry=released.retry).sooner(released.after)
         return replace(later, decision=decision)
+
+    def preempt_reads(self, key: OwnerKey) -> bool:
+        """An admission of this owner changed while its reconcile reads a view: drop those
+        reads, so that the reconcile the event queued decides on the new admission now, not
+        after rounds of reads for a decision it makes moot. Only reads are dropped, never a
+        write (docs/safety.md, "Reads cut short"). True if there were reads to drop."""
+        reading = self._reading.get(key)
+        if reading is None:
+            return False
+        reading.cancel()
+        self.s.stats.reads_preempted += 1
+        if self.s.trace.on:
+            self.s.trace.point("reads_preempted", key)
+        return True
 
     # -- deciding --------------------------------------------------------------------------------
 

@@ -82,6 +82,7 @@ class Stats:
     released_deleting: int = 0
     fences: int = 0  # unanswered releases made unable to land (settling.Settler.fence)
     proof_reads: int = 0  # a new term's quorum reads of an owner's pods
+    reads_preempted: int = 0  # views whose reads an admission cut short (preempt_reads)
     foreign_releases: int = 0
     skipped_kinds: list[str] = field(default_factory=list)
 
