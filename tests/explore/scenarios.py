@@ -45,6 +45,7 @@ class Scenario:
     finalizers: bool | None = None  # the pods carry a finalizer (None: as the kind's do)
     kinds: tuple[str, ...] = ALL_KINDS
     faults: int | None = None  # a scenario that needs more than the default
+    to_patch: bool = False  # also a reconcile run until its first patch is out, reads answered
 
     def reconciled(self, world: Any) -> list[str]:
         """The owners a reconcile may be of."""
@@ -397,6 +398,26 @@ ADMITTED_MID_READ = Scenario(
     ],
 )
 
+
+def _overlap_build(world: Any) -> None:
+    _owner(world, MAIN, 3)
+    _pods(world, MAIN, range(2))
+    k.new_slice(world, MAIN, 3, "", admitted=True)
+
+
+WAVE_OVERLAP = Scenario(
+    "wave-overlap",
+    "owner 3, pods 0 and 1 gated, the slice admits 3, patches one at a time; pod 2 created "
+    "(decided on while the first wave's patches are out), Kueue lowers the slice to 2",
+    _overlap_build,
+    [
+        ("pod 2 created", lambda w: k.pod(w, MAIN, 2)),
+        ("Kueue lowers the slice to 2", lambda w: k.lower(w, MAIN, "", 2)),
+    ],
+    config={"client": {"patchConcurrency": 1}},
+    to_patch=True,
+)
+
 ALL: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -414,6 +435,7 @@ ALL: dict[str, Scenario] = {
         QUEUED_SENDS,
         TOUCHED_SLICE,
         ADMITTED_MID_READ,
+        WAVE_OVERLAP,
     )
 }
 
@@ -436,4 +458,5 @@ CI_DEPTHS = {
     "queued-sends": 4,
     "touched-slice": 4,
     "admitted-mid-read": 4,
+    "wave-overlap": 4,
 }

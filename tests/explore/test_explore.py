@@ -251,3 +251,23 @@ async def test_an_admission_delivered_mid_read_cuts_the_reconcile_short_in_the_w
         assert world.landed == 2
     finally:
         await world.close()
+
+
+@pytest.mark.anyio
+async def test_a_pod_created_while_a_wave_is_out_is_decided_on_beside_it_in_the_world() -> None:
+    """The explorer's world reaches waves that overlap: a reconcile's first patch is out when
+    pod 2 is created and delivered; the same reconcile reads a new view for it, and its
+    second wave goes beside the first, within the cap."""
+    world = await _world("wave-overlap")
+    try:
+        rep = world.replica("a")
+        await world.step(Action("reconcile-to-patch", ("a", "train")))
+        assert rep.task is not None and [r.kind for r in rep.requests] == ["patch"]
+        await _story(world, 1)  # pod 2 created
+        await world.step(Action("deliver", ("a", "pods")))
+        kinds = [r.kind for r in rep.requests]
+        assert kinds[0] == "patch" and "get" in kinds[1:], kinds  # a new view, the wave out
+        await world.step(Action("resume", ("a",)))
+        assert rep.task is None and world.landed == 3
+    finally:
+        await world.close()

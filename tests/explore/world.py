@@ -355,6 +355,8 @@ class World:
                     out.append(Action("reconcile", (rep.name, owner)))
                     if b.pauses:
                         out.append(Action("reconcile-pausing", (rep.name, owner)))
+                    if b.pauses and self.scenario.to_patch:
+                        out.append(Action("reconcile-to-patch", (rep.name, owner)))
             if rep.task is not None and rep.requests:
                 out.append(Action("resume", (rep.name,)))
                 if rep.pauses < b.pauses:
@@ -408,9 +410,10 @@ class World:
             r.apply(
                 {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": str(self.fake.rv)}}}
             )
-        elif name in ("reconcile", "reconcile-pausing"):
+        elif name in ("reconcile", "reconcile-pausing", "reconcile-to-patch"):
             assert rep is not None
-            await self._reconcile(rep, args[1], pausing=name == "reconcile-pausing")
+            pause = {"reconcile": False, "reconcile-pausing": True}.get(name, "patch")
+            await self._reconcile(rep, args[1], pausing=pause)
         elif name == "resume":
             assert rep is not None
             await self._run_on(rep, pause=False)
@@ -514,7 +517,7 @@ class World:
             self.gating = gating
         rep.cursors[i] = len(self.fake.history)
 
-    async def _reconcile(self, rep: Replica, owner: str, pausing: bool) -> None:
+    async def _reconcile(self, rep: Replica, owner: str, pausing: bool | str) -> None:
         key = OwnerKey(NAMESPACE, oracles.owner_uid(self, owner))
         rep.key, rep.began, rep.pauses = key, len(self.trace), 0
         rep.horizon = rep.began_rv = self.fake.rv
@@ -561,9 +564,10 @@ class World:
             self.landed += 1
             oracles.judge(self, req.sent, f"{req.sent.replica}'s {req.what}")
 
-    async def _run_on(self, rep: Replica, pause: bool) -> None:
+    async def _run_on(self, rep: Replica, pause: bool | str) -> None:
         """Answer the reconcile's requests in order until it ends, or (``pause``) until its
-        next request is out (left for a later step)."""
+        next request is out (left for a later step); ``pause="patch"``: until its next
+        request is a patch (its reads answered as they come)."""
         for _ in range(MAX_REQUESTS):
             await _settle()
             assert rep.task is not None
@@ -572,7 +576,7 @@ class World:
                 return
             if not rep.requests:
                 raise RuntimeError(f"{rep.name}: a reconcile waits on something not a request")
-            if pause:
+            if pause is True or (pause == "patch" and rep.requests[0].kind == "patch"):
                 return
             await self._answer(rep, rep.requests.pop(0))
         raise RuntimeError(f"{rep.name}: more than {MAX_REQUESTS} requests in one reconcile")

@@ -82,6 +82,7 @@ class Controller:
         )
         self.reconciler = Reconciler(s, self.notices, patcher)
         self.handlers.on_admission = self.reconciler.preempt_reads
+        self.handlers.on_change = self.reconciler.touched
         self.reflectors: list[Reflector[Any]] = []
         s.freshness.cache_versions = lambda: [r.resource_version for r in self.reflectors]
         self.ready = anyio.Event()

@@ -39,6 +39,12 @@ class EventHandlers:
         self.notices = notices
         #: Told of each owner whose admission changed (the controller cuts its reads short).
         self.on_admission: Callable[[OwnerKey], object] = lambda key: None
+        #: Told of each owner queued (a reconcile with a wave out decides again at once).
+        self.on_change: Callable[[OwnerKey], object] = lambda key: None
+
+    def _queue(self, key: OwnerKey) -> None:
+        self.s.queue.add(key)
+        self.on_change(key)
 
     def reflectors(
         self, client: KubeClient, workload_version: str, namespaces: Sequence[str | None]
@@ -104,7 +110,7 @@ class EventHandlers:
             _trace_workload(s, old, new)
         for wl in (old, new):
             if wl is not None and wl.owner is not None:
-                s.queue.add(OwnerKey(wl.namespace, wl.owner.uid))
+                self._queue(OwnerKey(wl.namespace, wl.owner.uid))
         if new is not None and new.owner is not None and _admission_changed(old, new):
             key = OwnerKey(new.namespace, new.owner.uid)
             s.releasable.room_made(key)
@@ -126,7 +132,7 @@ class EventHandlers:
             s.releasable.owner_gone(OwnerKey(old.namespace, old.uid))
         view = new or old
         if view is not None and s.workloads.has_owner(view.uid):
-            s.queue.add(OwnerKey(view.namespace, view.uid))
+            self._queue(OwnerKey(view.namespace, view.uid))
 
     def via_parser(self, rt: KindRuntime) -> Callable[[Mapping[str, Any]], ObjectView]:
         return lambda obj: self.s.parse_via(rt, obj)
@@ -144,7 +150,7 @@ class EventHandlers:
             for key in s.owners_of(view.namespace, ctrl.uid if ctrl else None):
                 if grew:  # the size of a select_via owner lives here
                     s.releasable.room_made(key)
-                s.queue.add(key)
+                self._queue(key)
 
     # -- pods ------------------------------------------------------------------------------------
 
@@ -197,7 +203,7 @@ class EventHandlers:
                     continue
                 if freed:
                     s.releasable.room_made(key)
-                s.queue.add(key)
+                self._queue(key)
 
         return on_pod
 

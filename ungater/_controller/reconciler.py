@@ -27,7 +27,7 @@ from ungater._controller.notices import Notices
 from ungater._controller.patcher import Patcher
 from ungater._controller.settling import UNSETTLED_RETRY_SECONDS, Settler
 from ungater._controller.state import KindRuntime, State
-from ungater._controller.view import Basis, Bounds, BoundsMoving, PodSnapshot, View, ViewReader
+from ungater._controller.view import Bounds, BoundsMoving, PodSnapshot, View, ViewReader
 from ungater._decide.assess import owner_facts_of, owner_of, pod_facts, via_objects
 from ungater._decide.decision import Decision, PodFacts, Release, active_slice, decide
 from ungater._decide.freshness import version_number
@@ -89,6 +89,8 @@ class Reconciler:
         )
         #: The reads of each owner's view under way, which an admission may cut short.
         self._reading: dict[OwnerKey, anyio.CancelScope] = {}
+        #: Owners with a wave out: set when one of their objects changes (``touched``).
+        self._changes: dict[OwnerKey, anyio.Event] = {}
         #: Called with each decision that releases, before any patch is sent (no await
         #: between): what tests and tools watch the controller decide through.
         self.on_decision: Callable[[OwnerKey, Decision], None] | None = None
@@ -149,28 +151,10 @@ class Reconciler:
         if decision.releases:
             # the caches say a release is due: decide again on the view (view.py), the pods
             # first, then every bound read from the API server after them
-            snapshot = view.pods
-            with anyio.CancelScope() as reading:
-                self._reading[key] = reading  # preempt_reads may drop these reads
-                try:
-                    if s.freshness.unconfirmed(key):  # a new term: the caches may lag
-                        snapshot = await self.view.quorum_snapshot(
-                            key, rt, owner, self._in_flight(key)
-                        )
-                    bounds = await self.view.bounds(
-                        key, rt, owner, s.workloads.for_owner(key.uid), snapshot
-                    )
-                except BoundsMoving as exc:
-                    log.info("%s; retrying with backoff", exc)
-                    return replace(later, retry=Retry.MOVING)
-                finally:
-                    del self._reading[key]
-            if reading.cancelled_caught:  # nothing was written on these reads: decide anew
-                return replace(later, after=0.0)
-            if bounds.gone:
-                return later
-            slices = list(bounds.slices)
-            view = View(snapshot, bounds, self.view.basis(key))
+            read = await self._read_view(key, rt, owner, view)
+            if isinstance(read, Outcome):
+                return replace(later, retry=read.retry).sooner(read.after)
+            view = read
             decision, retry = self._decide(key, rt, owner, view)
         later = later.sooner(retry)  # a refused pod is tried again when its backoff runs out
         if s.trace.on:
@@ -178,13 +162,124 @@ class Reconciler:
         later = later.sooner(self.notices.stuck(key, decision))
         s.decisions[key] = decision
         if decision.releases:
-            if self.on_decision is not None:
-                self.on_decision(key, decision)
-            released = await self._release(
-                key, rt, owner.name, decision, active_slice(slices), view.basis
-            )
+            released = await self._waves(key, rt, owner, decision, view)
             later = replace(later, retry=released.retry).sooner(released.after)
         return replace(later, decision=decision)
+
+    async def _read_view(
+        self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef, cached: View
+    ) -> View | Outcome:
+        """The view a release is decided on: the cached pods (a quorum LIST in a term not yet
+        proven), then every bound read after them; or, when no view can be had now, what the
+        worker is to do (bounds moving: back off; gone: nothing; cut short: again at once)."""
+        s = self.s
+        snapshot = cached.pods
+        with anyio.CancelScope() as reading:
+            self._reading[key] = reading  # preempt_reads may drop these reads
+            try:
+                if s.freshness.unconfirmed(key):  # a new term: the caches may lag
+                    snapshot = await self.view.quorum_snapshot(key, rt, owner, self._in_flight(key))
+                bounds = await self.view.bounds(
+                    key, rt, owner, s.workloads.for_owner(key.uid), snapshot
+                )
+            except BoundsMoving as exc:
+                log.info("%s; retrying with backoff", exc)
+                return Outcome(retry=Retry.MOVING)
+            finally:
+                del self._reading[key]
+        if reading.cancelled_caught:  # nothing was written on these reads: decide anew
+            return Outcome(after=0.0)
+        if bounds.gone:
+            return Outcome()
+        return View(snapshot, bounds, self.view.basis(key))
+
+    # -- waves -----------------------------------------------------------------------------------
+
+    def touched(self, key: OwnerKey) -> None:
+        """An object of this owner changed (the handlers queued it): if a wave of its is
+        out, decide again now rather than once every answer is in."""
+        changed = self._changes.get(key)
+        if changed is not None:
+            changed.set()
+
+    async def _waves(
+        self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef, decision: Decision, view: View
+    ) -> Outcome:
+        """Release what ``decision`` chose; while its answers are out, decide again on every
+        change of the owner's objects (a new view each time) and release what that chooses
+        too, so that pods created meanwhile do not wait for the slowest answer. Each wave is
+        in the ledger before this returns to the event loop, so every later decision counts
+        the earlier waves' pods in flight (docs/safety.md, "Waves that overlap")."""
+        results: list[Outcome] = []
+        out = 0
+        self._changes[key] = anyio.Event()
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def wave(d: Decision, v: View) -> None:
+                    nonlocal out
+                    try:
+                        results.append(await self._release(key, rt, owner.name, d, v))
+                    finally:
+                        out -= 1
+                        if out == 0:
+                            tg.cancel_scope.cancel()  # the last answer is in: stop watching
+
+                def send(d: Decision, v: View) -> None:
+                    nonlocal out
+                    if self.on_decision is not None:
+                        self.on_decision(key, d)
+                    self._sending(key, rt, d)  # counted in flight from this moment on
+                    out += 1
+                    tg.start_soon(wave, d, v)
+
+                async def watch() -> None:
+                    while True:
+                        await self._changes[key].wait()
+                        self._changes[key] = anyio.Event()
+                        again = await self._decide_again(key, rt, owner)
+                        if again is not None:
+                            send(*again)
+
+                send(decision, view)
+                tg.start_soon(watch)
+        finally:
+            del self._changes[key]
+        merged = Outcome()
+        for r in results:
+            if r.retry is not None and (merged.retry is None or r.retry == Retry.FAILED):
+                merged = replace(merged, retry=r.retry)
+            merged = merged.sooner(r.after)
+        return merged
+
+    async def _decide_again(
+        self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef
+    ) -> tuple[Decision, View] | None:
+        """A decision while earlier waves' answers are out, made as the reconcile's first
+        was (the caches, then a view); None when it releases nothing or cannot be made now
+        (the owner is queued again by what changed, and decided on once the waves are in)."""
+        s = self.s
+        slices = s.workloads.for_owner(key.uid)
+        if not slices or rt.mode != "release" or self._writes_unseen(key, rt):
+            return None
+        view = self._cached_view(key, rt, owner, slices)
+        decision, _ = self._decide(key, rt, owner, view, unbounded_if_uncached=True)
+        if not decision.releases:
+            return None
+        try:
+            read = await self._read_view(key, rt, owner, view)
+        except Exception as exc:  # a failed read: the re-run the change queued meets it
+            log.info("%s: a read while releasing failed: %r", s.describe(key), exc)
+            return None
+        if isinstance(read, Outcome):
+            return None
+        decision, _ = self._decide(key, rt, owner, read)
+        if s.trace.on:
+            s.trace.point("decided", key, releases=len(decision.releases))
+        if not decision.releases:
+            return None
+        s.decisions[key] = decision
+        return decision, read
 
     def preempt_reads(self, key: OwnerKey) -> bool:
         """An admission of this owner changed while its reconcile reads a view: drop those
@@ -338,28 +433,30 @@ class Reconciler:
 
     # -- releasing -------------------------------------------------------------------------------
 
+    def _sending(self, key: OwnerKey, rt: KindRuntime, decision: Decision) -> None:
+        """The chosen pods, expected in this kind's view, and uncertain until each request's
+        answer says otherwise: in flight for every decision from now on."""
+        self.s.ledger.sending(
+            key,
+            (
+                (r.pod.uid, r.pod.namespace, r.pod.name, r.pod.resource_version)
+                for r in decision.releases
+            ),
+            rt.kind,
+        )
+
     async def _release(
-        self,
-        key: OwnerKey,
-        rt: KindRuntime,
-        owner_name: str,
-        decision: Decision,
-        active: WorkloadView | None,
-        basis: Basis,
+        self, key: OwnerKey, rt: KindRuntime, owner_name: str, decision: Decision, view: View
     ) -> Outcome:
-        """Expect the chosen pods, patch them (each only while the caches still show ``basis``,
-        the decision's view's), and act on each outcome: what the worker is to
+        """Patch the chosen pods (already in the ledger: ``_sending``), each only while the
+        caches still show ``view``'s basis, and act on each outcome: what the worker is to
         do next (back off when a patch failed or the pods changed; when one was refused for
         good, decide again at once, since the next pod in order may take its slot, and again
         when its backoff runs out)."""
         s = self.s
         releases = decision.releases
-        # expected in this kind's view, and uncertain until each request's answer says otherwise
-        s.ledger.sending(
-            key,
-            ((r.pod.uid, r.pod.namespace, r.pod.name, r.pod.resource_version) for r in releases),
-            rt.kind,
-        )
+        basis = view.basis
+        active = active_slice(list(view.bounds.slices))
         outcomes = await self.patcher.release_all(  # none once rt audits
             releases, rt, unchanged=lambda: self.view.basis(key) == basis, key=key
         )

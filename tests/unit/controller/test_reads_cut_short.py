@@ -100,8 +100,8 @@ async def test_an_admission_that_grows_while_the_view_is_read_drops_the_reads_an
 
 
 async def test_an_admission_while_the_patches_are_out_cuts_nothing() -> None:
-    """The same admission while the release's patch hangs: the patch is not dropped, it lands,
-    and the reconcile ends on its answer."""
+    """The same admission while the release's patch hangs: the patch is not dropped, it lands;
+    the admission is decided on beside it (waves that overlap) and its two pods go too."""
     fake = FakeKube()
     client = Held(fake, "patch")
     j, key, pods = setup(fake, pods=4, admitted=2, released=1)
@@ -123,7 +123,8 @@ async def test_an_admission_while_the_patches_are_out_cuts_nothing() -> None:
             client.go.set()
         (outcome,) = outcomes
         assert outcome.decision is not None and len(outcome.decision.released_names) == 1
-        assert client.patches == 1 and not gated(fake, pods[1])
+        assert client.patches == 3 and not any(gated(fake, p) for p in pods)
+        assert ctl.state.stats.reads_preempted == 0
 
 
 async def test_a_workload_change_that_is_not_an_admission_cuts_no_reads() -> None:
