@@ -72,6 +72,16 @@ class Outcome:
         return replace(self, after=max(after, 0.0))
 
 
+class _Wake:
+    """What wakes the watch of an owner's waves: a change of its objects, or an answer."""
+
+    __slots__ = ("changed", "event")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.changed = False
+
+
 class Reconciler:
     def __init__(self, state: State, notices: Notices, patcher: Patcher) -> None:
         self.s = state
@@ -89,8 +99,8 @@ class Reconciler:
         )
         #: The reads of each owner's view under way, which an admission may cut short.
         self._reading: dict[OwnerKey, anyio.CancelScope] = {}
-        #: Owners with a wave out: set when one of their objects changes (``touched``).
-        self._changes: dict[OwnerKey, anyio.Event] = {}
+        #: Owners with a wave out, woken when one of their objects changes (``touched``).
+        self._changes: dict[OwnerKey, _Wake] = {}
         #: Called with each decision that releases, before any patch is sent (no await
         #: between): what tests and tools watch the controller decide through.
         self.on_decision: Callable[[OwnerKey, Decision], None] | None = None
@@ -198,9 +208,10 @@ class Reconciler:
     def touched(self, key: OwnerKey) -> None:
         """An object of this owner changed (the handlers queued it): if a wave of its is
         out, decide again now rather than once every answer is in."""
-        changed = self._changes.get(key)
-        if changed is not None:
-            changed.set()
+        woken = self._changes.get(key)
+        if woken is not None:
+            woken.changed = True
+            woken.event.set()
 
     async def _waves(
         self, key: OwnerKey, rt: KindRuntime, owner: ObjectRef, decision: Decision, view: View
@@ -212,7 +223,7 @@ class Reconciler:
         the earlier waves' pods in flight (docs/safety.md, "Waves that overlap")."""
         results: list[Outcome] = []
         out = 0
-        self._changes[key] = anyio.Event()
+        woken = self._changes[key] = _Wake()
         try:
             async with anyio.create_task_group() as tg:
 
@@ -222,8 +233,7 @@ class Reconciler:
                         results.append(await self._release(key, rt, owner.name, d, v))
                     finally:
                         out -= 1
-                        if out == 0:
-                            tg.cancel_scope.cancel()  # the last answer is in: stop watching
+                        woken.event.set()  # the watch ends once every answer is in
 
                 def send(d: Decision, v: View) -> None:
                     nonlocal out
@@ -234,12 +244,18 @@ class Reconciler:
                     tg.start_soon(wave, d, v)
 
                 async def watch() -> None:
+                    # never cancelled: a decision it makes is always sent (a wave cancelled
+                    # before its patches went out would count in flight until it expired)
                     while True:
-                        await self._changes[key].wait()
-                        self._changes[key] = anyio.Event()
-                        again = await self._decide_again(key, rt, owner)
-                        if again is not None:
-                            send(*again)
+                        await woken.event.wait()
+                        woken.event = anyio.Event()
+                        if woken.changed:
+                            woken.changed = False
+                            again = await self._decide_again(key, rt, owner)
+                            if again is not None:
+                                send(*again)
+                        if out == 0 and not woken.changed:
+                            return
 
                 send(decision, view)
                 tg.start_soon(watch)

@@ -104,3 +104,49 @@ async def test_a_second_wave_counts_the_first_waves_unanswered_pods_in_flight() 
     one pod, not two."""
     fake, pods, _ = await _grows_while_held(admitted=3)
     assert sum(not gated(fake, p) for p in pods) == 3
+
+
+class ReadsAnsweredWithTheLastPatch(HeldPatches):
+    """Also holds each Workload read made while the patches hang, until a held patch has
+    been answered: the watch's view completes as the first wave's last answer comes in."""
+
+    def __init__(self, inner: FakeKube, held: set[str]) -> None:
+        super().__init__(inner, held)
+        self.answered = anyio.Event()
+
+    async def json_patch(
+        self, resource: Resource, namespace: str | None, name: str, ops: Any
+    ) -> Any:
+        out = await super().json_patch(resource, namespace, name, ops)
+        if name in self.held:
+            self.answered.set()
+        return out
+
+    async def get(self, resource: Resource, namespace: str | None, name: str) -> Any:
+        if resource.plural == "workloads" and self.holding.is_set():
+            await self.answered.wait()
+        return await self.inner.get(resource, namespace, name)
+
+
+async def test_a_decision_made_as_the_last_answer_comes_in_is_still_sent() -> None:
+    """The first wave (pod 0) is answered while the watch reads its view for pod 1: the
+    watch is not cut off by the last answer, and pod 1 goes in the same reconcile."""
+    fake = FakeKube()
+    j = fake.put(JOBS, job("train", parallelism=2))
+    pods = [job_pod(j, index=i, created=1 + i) for i in range(2)]
+    fake.put(PODS, pods[0])
+    fake.put(WORKLOADS, workload(j, {"main": 2}, admitted={"main": 2}))
+    key = OwnerKey(NAMESPACE, j["metadata"]["uid"])
+    client = ReadsAnsweredWithTheLastPatch(fake, {name(pods[0])})
+    async with standby(fake, client=client) as (ctl, _):
+        await cached(ctl, key, fake, 1)
+        await synced_owner(ctl, key)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ctl.reconciler.reconcile, key)
+            with anyio.fail_after(3):
+                await client.holding.wait()
+            fake.put(PODS, pods[1])
+            await cached(ctl, key, fake, 2)
+            client.go.set()
+        assert client.attempts.get(name(pods[1])) == 1
+        assert not any(gated(fake, p) for p in pods)
