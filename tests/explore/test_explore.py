@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from unittest import mock
 
 import pytest
 
@@ -15,6 +16,7 @@ from tests.explore import oracles, planted
 from tests.explore.scenarios import ALL, CI_DEPTHS, Scenario
 from tests.explore.search import explore
 from tests.explore.world import Action, Bounds, World
+from ungater._controller.reconciler import Outcome, Reconciler
 
 CASES = [(name, kind) for name in CI_DEPTHS for kind in ALL[name].kinds]
 
@@ -271,3 +273,18 @@ async def test_a_pod_created_while_a_wave_is_out_is_decided_on_beside_it_in_the_
         assert rep.task is None and world.landed == 3
     finally:
         await world.close()
+
+
+@pytest.mark.anyio
+async def test_the_sent_oracle_fails_a_wave_put_in_the_ledger_and_never_sent() -> None:
+    """A reconcile whose releases go into the ledger and never out (planted in the controller:
+    no plugin can do it) is caught when it ends; the real controller holds at that bound."""
+    held = await explore(ALL["wave-overlap"], "Job", 2)
+    assert not held.violation, held.line()
+
+    async def never_sent(self: Reconciler, *args: object) -> Outcome:
+        return Outcome()
+
+    with mock.patch.object(Reconciler, "_release", never_sent):
+        broken = await explore(ALL["wave-overlap"], "Job", 2)
+    assert "releases never sent" in broken.violation, broken.line()

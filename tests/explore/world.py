@@ -80,6 +80,8 @@ class SteppedClient:
     async def _call(
         self, kind: str, what: str, call: Callable[[], Awaitable[Any]], pod: str = ""
     ) -> Any:
+        if pod:
+            self.replica.sent.add(pod)
         if not self.world.gating:
             return await call()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -159,6 +161,8 @@ class Replica:
     began_rv: int = 0  # the server's version when the running reconcile began
     reconcile: int = 0  # the running reconcile's number (``World.reconciles``)
     served: list[tuple[str, int]] = field(default_factory=list)  # its answered requests
+    sent: set[str] = field(default_factory=set)  # the pods its releasing patches went to
+    unsent_before: frozenset[str] = frozenset()  # the unanswered releases when it began
     working: bool = False  # its workers run (a term began and the controller acts)
     listing: bool = False  # its caches take a list now (a relist): removals cannot be dated
     # (pod, how the replica saw it: "watch" or "list") it called released by another writer
@@ -524,6 +528,7 @@ class World:
         self.reconciles += 1
         rep.reconcile = self.reconciles
         rep.served = []
+        rep.sent, rep.unsent_before = set(), rep.ctl.state.ledger.uncertain_pods()
 
         async def run() -> None:
             # a failed read is what the worker retries with backoff; the reconcile returns its
@@ -588,6 +593,8 @@ class World:
         assert task is not None
         if not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
+        if not task.cancelled():
+            _all_sent(rep)
 
     async def _cancel(self, rep: Replica) -> None:
         """The worker is cancelled (its term ended, or shutdown) while requests are out: a
@@ -850,3 +857,17 @@ async def _settle() -> None:
 
 
 __all__: Sequence[str] = ["JOB", "Action", "Bounds", "Violation", "World", "canonical"]
+
+
+def _all_sent(rep: Replica) -> None:
+    """A reconcile that ended on its own sent a patch for every release it put in the ledger
+    as unanswered: one it never sent would count in flight, holding its slot, until settled
+    (the stall of a wave cancelled before its patches left)."""
+    ledger = rep.ctl.state.ledger
+    unsent = sorted(
+        u.name
+        for uid in ledger.uncertain_pods() - rep.unsent_before
+        if (u := ledger.uncertain(uid)) is not None and u.name not in rep.sent
+    )
+    if unsent:
+        raise oracles.Violation(f"{rep.name}: a reconcile ended with releases never sent: {unsent}")
