@@ -89,13 +89,16 @@ class SteppedClient:
         sent = None
         if pod:
             behind = self.world.rules.owner_lag and oracles.owner_cache_behind(self.world, rep, pod)
+            # what the decision that chose the pod had read, not what its reconcile read since
+            # (a wave's patch waiting for a slot while a later wave's view is read)
+            horizon, served = rep.decided.get(pod, (rep.horizon, tuple(rep.served)))
             sent = oracles.Sent(
                 rep.name,
                 pod,
                 self.world.fake.rv,
-                rep.horizon,
+                horizon,
                 behind,
-                tuple(rep.served),
+                served,
                 rep.began_rv,
                 rep.reconcile,
             )
@@ -162,6 +165,8 @@ class Replica:
     reconcile: int = 0  # the running reconcile's number (``World.reconciles``)
     served: list[tuple[str, int]] = field(default_factory=list)  # its answered requests
     sent: set[str] = field(default_factory=set)  # the pods its releasing patches went to
+    #: per pod its decisions chose: the horizon and the answered requests at that decision
+    decided: dict[str, tuple[int, tuple[tuple[str, int], ...]]] = field(default_factory=dict)
     unsent_before: frozenset[str] = frozenset()  # the unanswered releases when it began
     working: bool = False  # its workers run (a term began and the controller acts)
     listing: bool = False  # its caches take a list now (a relist): removals cannot be dated
@@ -310,6 +315,12 @@ class World:
         client = SteppedClient(self)
         ctl = Controller(settings, client, REGISTRY, clock=self.clock)  # type: ignore[arg-type]
         replica = client.replica = Replica(name, ctl, elector)
+
+        def decided(key: Any, decision: Any) -> None:
+            at = (replica.horizon, tuple(replica.served))
+            replica.decided.update((r.pod.name, at) for r in decision.releases)
+
+        ctl.reconciler.on_decision = decided
         ctl.state.leading = lambda: elector.is_leader
         freshness = getattr(ctl.state, "freshness", None)
         if freshness is not None and hasattr(freshness, "term_start"):
@@ -529,6 +540,7 @@ class World:
         rep.reconcile = self.reconciles
         rep.served = []
         rep.sent, rep.unsent_before = set(), rep.ctl.state.ledger.uncertain_pods()
+        rep.decided = {}
 
         async def run() -> None:
             # a failed read is what the worker retries with backoff; the reconcile returns its
