@@ -28,7 +28,7 @@ from ungater._controller.patcher import Patcher
 from ungater._controller.settling import UNSETTLED_RETRY_SECONDS, Settler
 from ungater._controller.state import KindRuntime, State
 from ungater._controller.view import Bounds, BoundsMoving, PodSnapshot, View, ViewReader
-from ungater._decide.assess import owner_facts_of, owner_of, pod_facts, via_objects
+from ungater._decide.assess import FactsMemo, owner_facts_of, owner_of, pod_facts, via_objects
 from ungater._decide.decision import Decision, PodFacts, Release, active_slice, decide
 from ungater._decide.freshness import version_number
 from ungater._decide.indexes import OwnerKey
@@ -101,6 +101,10 @@ class Reconciler:
         self._reading: dict[OwnerKey, anyio.CancelScope] = {}
         #: Owners with a wave out, woken when one of their objects changes (``touched``).
         self._changes: dict[OwnerKey, _Wake] = {}
+        #: The plugin's answers about the pods of the last owners decided on: a decision asks
+        #: again only about pods whose view changed (``assess.FactsMemo``).
+        self._facts_memo = FactsMemo()
+        state.forgetters.append(lambda key: self._facts_memo.forget(key.uid))
         #: Called with each decision that releases, before any patch is sent (no await
         #: between): what tests and tools watch the controller decide through.
         self.on_decision: Callable[[OwnerKey, Decision], None] | None = None
@@ -387,7 +391,9 @@ class Reconciler:
     ) -> tuple[list[PodFacts], Mapping[str, int] | None]:
         """The plugin's facts of each pod of the view, and the owner's size per pod set."""
         owner_facts = owner_facts_of(rt.handler, bounds.owner_facts, list(bounds.vias))
-        facts = pod_facts(rt.handler, owner, snapshot.pods, self.s.objects.by_uid, owner_facts)
+        objects = self.s.objects
+        memo = (self._facts_memo, objects.version)
+        facts = pod_facts(rt.handler, owner, snapshot.pods, objects.by_uid, owner_facts, memo)
         desired = rt.handler.desired_counts(owner_facts) if owner_facts is not None else None
         return facts, desired
 

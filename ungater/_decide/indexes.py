@@ -124,6 +124,8 @@ class PodIndex:
     def select(self, namespace: str, selector: Mapping[str, str]) -> list[PodView]:
         """Pods matching an equality selector; it must contain this index's label."""
         uids = self._by_value.get((namespace, selector[self.label]), ())
+        if len(selector) == 1:  # the index's own label: every pod of the bucket matches it
+            return [self.by_uid[u] for u in uids]
         pods = (self.by_uid[u] for u in uids)
         return [p for p in pods if all(p.labels.get(k) == v for k, v in selector.items())]
 
@@ -228,6 +230,8 @@ class ObjectIndex:
     def __init__(self) -> None:
         self.by_uid: dict[str, ObjectView] = {}
         self._controlled: dict[str, set[str]] = {}
+        #: moves on every change: what was computed from these objects holds while it stands
+        self.version = 0
 
     def keep(self, view: ObjectView) -> None:
         held = self.by_uid.get(view.uid)
@@ -235,11 +239,13 @@ class ObjectIndex:
             if older(view.resource_version, held.resource_version):
                 return
             self.forget(held)
+        self.version += 1
         self.by_uid[view.uid] = view
         if view.controller is not None:
             self._controlled.setdefault(view.controller.uid, set()).add(view.uid)
 
     def forget(self, view: ObjectView) -> None:
+        self.version += 1
         held = self.by_uid.pop(view.uid, None)
         ctrl = held.controller if held is not None else None
         if ctrl is not None and ctrl.uid in self._controlled:

@@ -144,12 +144,16 @@ class BlockedReleases:
     def waiting(self, uids: Any = None) -> dict[str, str]:
         """UID -> reason of the pods still in backoff (of ``uids``, if given): the decision
         leaves them gated and uncounted. A pod whose backoff has run out is tried again."""
+        if not self._pods:  # the usual case: nothing refused, nothing to look up per pod
+            return {}
         now = self.clock()
         pods = self._pods.items() if uids is None else ((u, self._pods.get(u)) for u in uids)
         return {u: p.reason(now) for u, p in pods if p is not None and p.retry_at > now}
 
     def next_retry(self, uids: Any) -> float | None:
         """Seconds until the first of ``uids`` may be tried again; None if none is blocked."""
+        if not self._pods:
+            return None
         now = self.clock()
         times = [p.retry_at for u in uids if (p := self._pods.get(u)) is not None]
         return max(0.0, min(times) - now) if times else None
