@@ -95,9 +95,9 @@ def _parser() -> argparse.ArgumentParser:
         "--wave",
         default=DEFAULT_PLAN,
         metavar="PLAN",
-        help="for --only kueue-wave: the stories, comma-separated, each under every set of "
-        "client limits (shipped, raised), or under one as STORY@LIMITS (default: "
-        f"{DEFAULT_PLAN})",
+        help="for --only kueue-wave: the stories, comma-separated, each under the default "
+        "client limits (shipped, raised), or under one as STORY@LIMITS (shipped, raised, "
+        f"equal; default: {DEFAULT_PLAN})",
     )
     add_report_parser(sub)
     add_figures_parser(sub)

@@ -9,7 +9,16 @@ order flipped every story), never at once. Nothing but Kueue's gate is on the po
 
 Each set of client limits runs on a control plane of its own (Kueue reads its
 ``clientConnection`` at start): ``shipped`` (Kueue's manager config as it ships, qps 300 burst
-500; ungater's own defaults) and ``raised`` (both at qps 1000 burst 2000).
+500; ungater's own defaults) and ``raised`` (both at qps 1000 burst 2000); ``equal`` (both at
+qps 50 burst 100) runs only when named.
+
+**Kueue's limiter busy** (``job-1k-busy``, kueue#13683): Kueue's ungater draws on the one client
+limiter all of Kueue's controllers share. Through both sides' waves the harness creates Jobs
+at a fixed rate (``BUSY``) in a namespace whose queue has no quota, so Kueue's controllers
+write a Workload and its status for each; ungater's limiter carries none of that. Run beside
+``job-1k`` under ``equal`` limits, the pair shows what the shared limiter costs each releaser.
+Kueue's writes to its own objects during a wave (``kueue_writes``, from the API server's
+request counter) say how busy its limiter was.
 
 Per story and releaser (``wave_summary``): from the quota change to the first and the last
 admission; from the first admission to the last pod created (the Job controller's pace: a pod
@@ -43,9 +52,12 @@ from bench.objects import JOBS
 from bench.timeline import Timeline
 
 __all__ = [
+    "BUSY",
+    "DEFAULT_LIMITS",
     "LIMITS",
     "STORIES",
     "cpu_between",
+    "kueue_writes",
     "parse_wave_plan",
     "server_costs",
     "wave_rows",
@@ -58,14 +70,28 @@ STORIES: dict[str, tuple[int, int]] = {
     "job-1k": (1, 1000),
     "jobs-100x100": (100, 100),
     "job-10k": (1, 10_000),
+    "job-1k-busy": (1, 1000),  # with BUSY's other work for Kueue's controllers
     "smoke": (2, 5),  # a few pods: a check of the harness, not a measurement
+    "smoke-busy": (2, 5),
 }
+#: story -> Jobs per second the harness creates, through both sides' waves, in a namespace of
+#: its own whose queue has no quota: Kueue's other controllers then write a Workload and its
+#: status for each, on the client limiter its ungater shares (kueue#13683); ungater's own
+#: limiter carries none of it
+BUSY: dict[str, float] = {"job-1k-busy": 10.0, "smoke-busy": 2.0}
+BUSY_LEAD_S = 5.0  # the other work runs this long before the quota change
 #: limits -> releaser -> (qps, burst); None: the releaser's own default, unchanged
 LIMITS: dict[str, dict[str, tuple[int, int] | None]] = {
     # Kueue's config/components/manager/controller_manager_config.yaml: clientConnection
     "shipped": {"kueue": (300, 500), "ungater": None},
     "raised": {"kueue": (1000, 2000), "ungater": (1000, 2000)},
+    # both releasers on the same limits, a sixth of Kueue's shipped ones: the API server of
+    # this two-core machine cannot carry the other work that would keep 300 QPS busy, so the
+    # busy story runs at a scale where the limiter, not the server, is what binds
+    "equal": {"kueue": (50, 100), "ungater": (50, 100)},
 }
+#: the limits a STORY without @LIMITS runs under
+DEFAULT_LIMITS = ("shipped", "raised")
 UNGATER_DEFAULT = (200, 400)  # docs/config.md: client.qps, client.burst
 DEFAULT_PLAN = "job-1k,jobs-100x100,job-10k"
 SAMPLE_S = 0.5
@@ -74,10 +100,12 @@ _SETUP_S = 120.0  # for the Workloads to appear, for a side's pods to be gone
 _PER_POD_S = 0.1  # the wave's bound: _SETUP_S plus this per pod
 
 
-def parse_wave_plan(text: str, limits: Sequence[str] = tuple(LIMITS)) -> dict[str, list[str]]:
-    """Per limits (in ``limits`` order), the stories to run, in the order given: ``STORY`` runs
-    under every limits, ``STORY@LIMITS`` under that one only."""
-    plan: dict[str, list[str]] = {lim: [] for lim in limits}
+def parse_wave_plan(text: str, limits: Sequence[str] = DEFAULT_LIMITS) -> dict[str, list[str]]:
+    """Per limits (``limits`` in order, then the others named), the stories to run, in the
+    order given: ``STORY`` runs under each of ``limits``, ``STORY@LIMITS`` under that one only."""
+    plan: dict[str, list[str]] = {
+        lim: [] for lim in (*limits, *(x for x in LIMITS if x not in limits))
+    }
     for item in (s.strip() for s in text.split(",")):
         if not item:
             continue
@@ -87,7 +115,7 @@ def parse_wave_plan(text: str, limits: Sequence[str] = tuple(LIMITS)) -> dict[st
         if only and only not in LIMITS:
             raise ValueError(f"unknown limits {only!r}; known: {', '.join(LIMITS)}")
         for lim in plan:
-            if (not only or only == lim) and story not in plan[lim]:
+            if (only == lim or (not only and lim in limits)) and story not in plan[lim]:
                 plan[lim].append(story)
     return {lim: stories for lim, stories in plan.items() if stories}
 
@@ -197,6 +225,40 @@ def server_costs(before: str, after: str) -> dict[str, dict[str, dict[str, float
     return out
 
 
+_REQUESTS = "apiserver_request_total"
+#: the resources only Kueue writes in a wave run (the harness creates none of these objects and
+#: sets a ClusterQueue's quota once, before the scrape): its controllers' writes
+KUEUE_RESOURCES = frozenset({"workloads", "localqueues", "clusterqueues"})
+_READS = frozenset({"GET", "LIST", "WATCH"})
+
+
+def kueue_writes(before: str, after: str) -> dict[str, int]:
+    """Writes to Kueue's own objects between two scrapes of the API server's ``/metrics``
+    (``apiserver_request_total``, added up over codes and versions): "RESOURCE[/SUB] VERB" ->
+    calls. These are requests of Kueue's controllers, drawn from the client limiter its ungater
+    shares; its pod patches are in ``server_costs``."""
+
+    def totals(text: str) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if not line.startswith(_REQUESTS + "{"):
+                continue
+            m = _SERIES.match(line)
+            if m is None:
+                continue
+            labels = dict(_LABEL.findall(m["labels"] or ""))
+            res, verb = labels.get("resource", ""), labels.get("verb", "")
+            if res not in KUEUE_RESOURCES or verb in _READS:
+                continue
+            sub = labels.get("subresource", "")
+            key = f"{res}{'/' + sub if sub else ''} {verb}"
+            out[key] = out.get(key, 0.0) + float(m["value"])
+        return out
+
+    a, b = totals(before), totals(after)
+    return {k: int(v - a.get(k, 0.0)) for k, v in sorted(b.items()) if v - a.get(k, 0.0) > 0}
+
+
 async def _scrape(api: BenchApi) -> str:
     """The API server's ``/metrics`` (the harness is the admin); "" when it cannot be had."""
     try:
@@ -299,18 +361,65 @@ async def _clear(api: BenchApi, ns: str) -> dict[str, Any]:
     return {"seconds": round(time.monotonic() - started, 1), "pods_left": left}
 
 
+_BUSY_IN_FLIGHT = 32
+
+
+async def _busy(api: BenchApi, ns: str, rate: float, tag: str, got: dict[str, int]) -> None:
+    """A Job every ``1 / rate`` s in ``ns`` (a queue with no quota), on a fixed schedule, until
+    cancelled: Kueue's other controllers' work. ``got`` counts those created, refused, and
+    skipped because ``_BUSY_IN_FLIGHT`` creates were still out (the server slower than the
+    rate)."""
+    period, start, i = 1.0 / rate, time.monotonic(), 0
+    out = 0
+
+    async def one(name: str) -> None:
+        nonlocal out
+        try:
+            await ks.create_job(api, ns, name, 1, 1, None)
+            got["created"] += 1
+        except Exception:  # a refused create is counted, not fatal to the wave
+            got["failed"] += 1
+        finally:
+            out -= 1
+
+    async with anyio.create_task_group() as tg:
+        while True:  # ends when the wave cancels it; each turn sleeps until the next slot
+            i += 1
+            if out < _BUSY_IN_FLIGHT:
+                out += 1
+                tg.start_soon(one, f"busy-{tag}-{i}")
+            else:
+                got["skipped"] += 1
+            await anyio.sleep(max(0.0, start + i * period - time.monotonic()))
+
+
 async def _one_wave(
-    api: BenchApi, ns: str, cq: str, side: str, n: int, size: int, sampler: _Sampler
+    api: BenchApi,
+    ns: str,
+    cq: str,
+    side: str,
+    n: int,
+    size: int,
+    sampler: _Sampler,
+    busy: tuple[str, float] | None = None,
 ) -> dict[str, Any]:
     """``n`` Jobs of ``size`` on a quota of 0, the quota raised for all; until every pod's gate
-    is off (or the bound). The summary, the CPU, the releases past the cap."""
+    is off (or the bound). The summary, the CPU, the releases past the cap. ``busy``: (the
+    namespace, Jobs per second) of other work for Kueue, from ``BUSY_LEAD_S`` before the quota
+    change to the wave's end."""
     tl = Timeline(api.kube, ns, (JOBS,))
     gate = ks.KUEUE_GATE
     out: dict[str, Any] = {"namespace": ns}
+    other = {"created": 0, "failed": 0, "skipped": 0}
     async with anyio.create_task_group() as tg:
         tg.start_soon(tl.run)
         with anyio.fail_after(30):
             await tl.synced.wait()
+        busy_scope = anyio.CancelScope()
+
+        async def keep_busy(where: str, rate: float) -> None:
+            with busy_scope:
+                await _busy(api, where, rate, side, other)
 
         def create(i: int) -> Callable[[], Awaitable[str]]:
             return lambda: ks.create_job(api, ns, f"wave-{i}", size, size, None)
@@ -323,6 +432,9 @@ async def _one_wave(
         if not await _wait(lambda: len({s.owner for s in slices()}) == n, _SETUP_S):
             raise RuntimeError(f"kueue wave: {ns}: not every Workload within {_SETUP_S:.0f}s")
         await anyio.sleep(1.0)  # Kueue has found them inadmissible
+        if busy is not None:
+            tg.start_soon(keep_busy, *busy)
+            await anyio.sleep(BUSY_LEAD_S)
         before = await _scrape(api)
         t0 = time.monotonic()
         await ks.set_quota(api, cq, n * size)
@@ -336,6 +448,7 @@ async def _one_wave(
             return len(went) >= total
 
         finished = await _wait(done, bound)
+        busy_scope.cancel()
         await anyio.sleep(1.0)  # a last sample past the last release
         sampler.sample()
         after = await _scrape(api)
@@ -351,10 +464,15 @@ async def _one_wave(
         out["cpu_cores"] = _cpu(sampler.samples, t0, s, base)
         # from just before the quota change to a second past the wave's end
         out["server"] = server_costs(before, after) if before and after else None
+        out["kueue_writes"] = kueue_writes(before, after) if before and after else None
+        if busy is not None:
+            out["busy"] = {"namespace": busy[0], "jobs_per_s": busy[1], **other}
         tg.cancel_scope.cancel()
     found = releases_past_cap([e for e in tl.events], {side: gate}, tl.gaps)[side]
     out["over_cap"] = found.summary()
     out["clear"] = await _clear(api, ns)
+    if busy is not None:  # the other work's Jobs and Workloads gone before the next side
+        out["busy"]["clear"] = await _clear(api, busy[0])
     return out
 
 
@@ -393,10 +511,14 @@ async def wave_run(
         },
         "stories": {},
     }
+    busy_ns = f"kw{run_id}-busy" if any(story in BUSY for story in stories) else None
     try:
         for (side, _story), name in ns.items():
             await api.ensure_namespace(name, {RELEASER_LABEL: side})
             queues[name] = await ks.create_queues(api, name, 0)
+        if busy_ns is not None:  # never admitted: Kueue's work there is its Workloads' upkeep
+            await api.ensure_namespace(busy_ns, {RELEASER_LABEL: "kueue"})
+            queues[busy_ns] = await ks.create_queues(api, busy_ns, 0)
         first = stories[0]
         policy = await guarded_policy(
             api, kueue_api, ks.KUEUE_GATE, ns["ungater", first], ns["kueue", first]
@@ -418,7 +540,10 @@ async def wave_run(
                     for side in sides:
                         name = ns[side, story]
                         wave_started = time.monotonic()
-                        got[side] = await _one_wave(api, name, queues[name], side, n, size, sampler)
+                        busy = (busy_ns, BUSY[story]) if story in BUSY and busy_ns else None
+                        got[side] = await _one_wave(
+                            api, name, queues[name], side, n, size, sampler, busy
+                        )
                         got[side]["side_seconds"] = round(time.monotonic() - wave_started, 1)
                     out["stories"][story] = got
                     progress(out)
@@ -429,7 +554,7 @@ async def wave_run(
     finally:
         if policy:
             await remove_policy(api, policy)
-        for name in ns.values():
+        for name in (*ns.values(), *([busy_ns] if busy_ns else [])):
             await api.delete_namespace(name)
         for cq in queues.values():
             await ks.delete_queues(api, cq)
@@ -483,4 +608,45 @@ def wave_rows(w: dict[str, Any]) -> list[dict[str, Any]]:
                         "status": f"of {oc.get('judged', 0)} judged",
                     }
                 )
+                rate = _kueue_write_rate(s)
+                if rate is not None:
+                    rows.append(
+                        {
+                            "metric": f"wave {story}: Kueue's writes to its objects ({who} side)",
+                            "config": config,
+                            **summarize([rate], "/s"),
+                            "goal": "",
+                            "status": "",
+                        }
+                    )
+            rows.extend(_verdict(story, got, limits))
     return rows
+
+
+def _kueue_write_rate(s: dict[str, Any]) -> float | None:
+    """Kueue's writes to its own objects per second of the wave (``kueue_writes``)."""
+    writes = s.get("kueue_writes")
+    wall = ((s.get("cpu_cores") or {}).get("wave") or {}).get("wall_seconds")
+    return sum(writes.values()) / wall if writes is not None and wall else None
+
+
+def _verdict(story: str, got: dict[str, Any], limits: str) -> list[dict[str, Any]]:
+    """Kueue's time from admission to the last release over ungater's: the goal is no slower
+    (at least 1); no row when either side's wave did not end."""
+    from bench.stats import summarize
+
+    k, u = (
+        (got.get(side) or {}).get("admission_to_last_release_s") for side in ("kueue", "ungater")
+    )
+    if not k or not u:
+        return []
+    ratio = k / u
+    return [
+        {
+            "metric": f"wave {story}: admission to last release, ratio Kueue/ungater",
+            "config": limits,
+            **summarize([ratio], "ratio"),
+            "goal": ">= 1",
+            "status": "pass" if ratio >= 1 else "MISS",
+        }
+    ]

@@ -7,6 +7,11 @@ between objects, as from the wire), so 50k cached pods cost seconds, not a clust
 ``await controller.reconcile(key)`` for one owner with 10 pods, both when it releases all 10
 (expectations reset between calls) and when it has nothing left to release. Also measured, with
 tracemalloc: the bytes the caches hold per pod.
+
+``owner_size_cost``: an idle reconcile of one owner of 100 to 10k pods, as a wave decides again
+on every change of its owner's objects, with the plugin's answers reused for pods whose view did
+not change (``assess.FactsMemo``) and, interleaved call by call, with a memo that keeps nothing
+(every pod asked again): the baseline in the same run.
 """
 
 from __future__ import annotations
@@ -21,13 +26,14 @@ from typing import Any
 
 from bench.objects import admission_status, pod_body, workload_body
 from ungater._controller.controller import Controller
+from ungater._decide.assess import FactsMemo
 from ungater._decide.indexes import OwnerKey
 from ungater._kube.client import Resource
 from ungater._model.config import Config
 from ungater._model.views import Kind, parse_pod, parse_workload
 from ungater._plugins.registry import PluginRegistry
 
-__all__ = ["reconcile_cost"]
+__all__ = ["owner_size_cost", "reconcile_cost"]
 
 _NS = "bench-synthetic"
 _JOB = Kind("batch", "Job")
@@ -60,15 +66,15 @@ def _wire(obj: dict[str, Any]) -> Any:
     return json.loads(json.dumps(obj))
 
 
-def _add_owner(ctl: Controller, index: int, gated: bool) -> OwnerKey:
+def _add_owner(ctl: Controller, index: int, gated: bool, size: int = _PODS_PER_OWNER) -> OwnerKey:
     job = _job(index)
-    wl = workload_body(job, f"job-{index}-a", _PODS_PER_OWNER, "synthetic")
+    wl = workload_body(job, f"job-{index}-a", size, "synthetic")
     wl["metadata"].update(namespace=_NS, uid=str(uuid.uuid4()))
     wl["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
-    wl.update(admission_status(_PODS_PER_OWNER))
+    wl.update(admission_status(size))
     ctl.state.workloads.on_change(None, parse_workload(_wire(wl)))
     pods = ctl.state.kinds[_JOB].pods
-    for i in range(_PODS_PER_OWNER):
+    for i in range(size):
         pod = pod_body(job, i, "synthetic", gated=gated)
         pod["metadata"].update(namespace=_NS, uid=str(uuid.uuid4()))
         pod["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
@@ -88,13 +94,39 @@ async def _time(ctl: Controller, key: OwnerKey, repeats: int, reset: bool) -> li
     return out
 
 
-async def reconcile_cost(others: tuple[int, ...], repeats: int) -> dict[str, Any]:
-    """Microseconds per reconcile of one 10-pod owner while ``others`` pods are cached."""
+def _controller() -> Controller:
     logging.getLogger("ungater").setLevel(logging.WARNING)  # the harness does not log releases
     config = Config.model_validate(
         {"namespaces": [_NS], "mode": "release", "kinds": [{"group": "batch", "kind": "Job"}]}
     )
-    ctl = Controller(config, _InstantClient(), PluginRegistry.discover())  # type: ignore[arg-type]
+    return Controller(config, _InstantClient(), PluginRegistry.discover())  # type: ignore[arg-type]
+
+
+async def owner_size_cost(sizes: tuple[int, ...], calls: int) -> dict[str, Any]:
+    """Microseconds per idle reconcile of one owner of each size (all its pods released, so it
+    decides and releases nothing), with the facts memo (``reused``) and without (``asked``),
+    the two interleaved; about ``calls`` pods' worth of calls at each size (at least 5)."""
+    out: dict[str, Any] = {"reused": {}, "asked": {}}
+    for size in sizes:
+        ctl = _controller()
+        key = _add_owner(ctl, 0, gated=False, size=size)
+        memo, none = ctl.reconciler._facts_memo, FactsMemo(owners=0)
+        reused: list[float] = []
+        asked: list[float] = []
+        for i in range(max(5, calls // size) + 2):  # the first two of each untimed
+            for kept, samples in ((memo, reused), (none, asked)):
+                ctl.reconciler._facts_memo = kept
+                t = time.perf_counter()
+                await ctl.reconcile(key)
+                if i >= 2:
+                    samples.append((time.perf_counter() - t) * 1e6)
+        out["reused"][str(size)], out["asked"][str(size)] = reused, asked
+    return out
+
+
+async def reconcile_cost(others: tuple[int, ...], repeats: int) -> dict[str, Any]:
+    """Microseconds per reconcile of one 10-pod owner while ``others`` pods are cached."""
+    ctl = _controller()
     releasing = _add_owner(ctl, 0, gated=True)
     idle = _add_owner(ctl, 1, gated=False)
     cached = 0

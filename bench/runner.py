@@ -27,7 +27,7 @@ from bench.controller_proc import ControllerProcess, controller_config
 from bench.machine import control_plane_pids, load_average, machine_info, run_span
 from bench.observer import PodObserver
 from bench.profile import PySpy
-from bench.reconcile_cost import reconcile_cost
+from bench.reconcile_cost import owner_size_cost, reconcile_cost
 from bench.report import table_rows
 from bench.scale import release_all_comparison, scale
 from bench.sizes import Sizes
@@ -229,6 +229,8 @@ async def run_all(opts: Options) -> dict[str, Any]:
             metrics["reconcile_cost"] = _reconcile_summary(
                 await reconcile_cost(opts.sizes.reconcile_others, opts.sizes.reconcile_repeats)
             )
+            by_size = await owner_size_cost(opts.sizes.owner_sizes, OWNER_SIZE_CALLS)
+            metrics["reconcile_cost"]["owner_size"] = _owner_size_summary(by_size)
         async with anyio.create_task_group() as tg:
             bed = Bed(
                 api, opts.namespace, opts.kubeconfig, run, PodObserver(api.kube, opts.namespace)
@@ -303,6 +305,20 @@ async def _scale(opts: Options, bed: Bed) -> dict[str, Any]:
             out[key] = summarize([raw[key]], unit)
     if "raw" in raw and "release_all_seconds" in raw:
         out["release_all_vs_raw"] = release_all_comparison(raw, raw["raw"])
+    return out
+
+
+#: at each owner size, calls enough for about this many pods decided on (5 at least)
+OWNER_SIZE_CALLS = 20_000
+
+
+def _owner_size_summary(raw: dict[str, Any]) -> dict[str, Any]:
+    """Per owner size, each way's microseconds and the median of the memo-less over the memo."""
+    out: dict[str, Any] = {}
+    for size in raw["reused"]:
+        reused = summarize(raw["reused"][size], "us")
+        asked = summarize(raw["asked"][size], "us")
+        out[size] = {"reused": reused, "asked": asked, "ratio": asked["median"] / reused["median"]}
     return out
 
 

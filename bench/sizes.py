@@ -25,6 +25,8 @@ class Sizes:
     reconcile_others: tuple[int, ...]
     reconcile_repeats: int
     default_config: bool = True  # also measure the default client config
+    #: one owner's own pods, for the cost of deciding on it again (reconcile_cost.owner_size_cost)
+    owner_sizes: tuple[int, ...] = (100, 1000, 10_000)
     kueue_pods: int = 2  # pods per Job of the side-by-side lifecycle (bench/kueue.py)
     kueue_repeats: int = 1  # lifecycles (initial, scale-up, succeeded, recreated)
     kueue_pending_repeats: int = 1  # freed slot while a scale-up is pending; the shrink race
@@ -77,6 +79,7 @@ QUICK = Sizes(
     scale_restarts=1,
     reconcile_others=(100, 1000),
     reconcile_repeats=20,
+    owner_sizes=(100,),
 )
 
 

@@ -1,23 +1,28 @@
 """The big wave (bench/kueue_wave.py): its plan, the summary of one side's wave, the CPU between
-two moments, its table rows; and that the default run leaves it out (it is run when named)."""
+two moments, Kueue's writes, the other work that keeps Kueue's limiter busy, its table rows and
+verdicts; and that the default run leaves it out (it is run when named)."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
+import anyio
 import pytest
 
 from bench.kueue_wave import cpu_between, parse_wave_plan, wave_rows, wave_summary
 
 
-def test_a_plan_runs_a_story_under_every_limits_or_under_the_one_named() -> None:
+def test_a_plan_runs_a_story_under_the_default_limits_or_under_the_one_named() -> None:
     plan = parse_wave_plan("job-1k,jobs-100x100,job-10k@shipped")
     assert plan == {
         "shipped": ["job-1k", "jobs-100x100", "job-10k"],
         "raised": ["job-1k", "jobs-100x100"],
     }
     assert parse_wave_plan("smoke@raised") == {"raised": ["smoke"]}
+    # equal limits only when named: the busy story's scale model, not a default
+    busy = parse_wave_plan("job-1k@equal,job-1k-busy@equal,smoke")
+    assert busy == {"shipped": ["smoke"], "raised": ["smoke"], "equal": ["job-1k", "job-1k-busy"]}
     twice = parse_wave_plan("job-1k,job-1k@raised")  # a story runs once under one limits
     assert twice == {"shipped": ["job-1k"], "raised": ["job-1k"]}
 
@@ -193,3 +198,93 @@ def test_server_costs_are_the_calls_and_their_mean_between_two_scrapes() -> None
     assert got["webhooks"] == {"vpod.kb.io UPDATE false": {"count": 10, "mean_ms": 250.0}}
     assert got["flowcontrol_wait"] == {"workload-low": {"count": 50, "mean_ms": 10.0}}
     assert server_costs(_AFTER, _AFTER) == {"pods": {}, "webhooks": {}, "flowcontrol_wait": {}}
+
+
+_WRITES_BEFORE = """# TYPE apiserver_request_total counter
+apiserver_request_total{code="201",component="apiserver",group="kueue.x-k8s.io",resource="workloads",scope="resource",subresource="",verb="POST",version="v1beta2"} 4
+apiserver_request_total{code="200",component="apiserver",group="kueue.x-k8s.io",resource="workloads",scope="resource",subresource="status",verb="APPLY",version="v1beta2"} 1
+apiserver_request_total{code="200",component="apiserver",group="kueue.x-k8s.io",resource="workloads",scope="namespace",subresource="",verb="LIST",version="v1beta2"} 7
+"""
+_WRITES_AFTER = """apiserver_request_total{code="201",component="apiserver",group="kueue.x-k8s.io",resource="workloads",scope="resource",subresource="",verb="POST",version="v1beta2"} 14
+apiserver_request_total{code="409",component="apiserver",group="kueue.x-k8s.io",resource="workloads",scope="resource",subresource="",verb="POST",version="v1beta2"} 2
+apiserver_request_total{code="200",component="apiserver",group="kueue.x-k8s.io",resource="workloads",scope="resource",subresource="status",verb="APPLY",version="v1beta2"} 11
+apiserver_request_total{code="200",component="apiserver",group="kueue.x-k8s.io",resource="workloads",scope="namespace",subresource="",verb="LIST",version="v1beta2"} 70
+apiserver_request_total{code="200",component="apiserver",group="kueue.x-k8s.io",resource="localqueues",scope="resource",subresource="status",verb="PATCH",version="v1beta2"} 3
+apiserver_request_total{code="201",component="apiserver",group="batch",resource="jobs",scope="resource",subresource="",verb="POST",version="v1"} 50
+"""
+
+
+def test_kueues_writes_are_the_writes_to_its_own_objects_between_two_scrapes() -> None:
+    from bench.kueue_wave import kueue_writes
+
+    # refused writes count too (they drew a token); reads and other resources' writes do not
+    assert kueue_writes(_WRITES_BEFORE, _WRITES_AFTER) == {
+        "localqueues/status PATCH": 3,
+        "workloads POST": 12,
+        "workloads/status APPLY": 10,
+    }
+    assert kueue_writes(_WRITES_AFTER, _WRITES_AFTER) == {}
+
+
+def _side(last: float, writes: dict[str, int] | None = None) -> dict[str, object]:
+    return {
+        "admission_to_last_release_s": last,
+        "pods_created_to_last_release_s": 1.0,
+        "over_cap": {"count": 0, "judged": 1000},
+        "kueue_writes": writes,
+        "cpu_cores": {"wave": {"wall_seconds": 10.0}},
+    }
+
+
+def test_each_story_is_judged_by_kueues_time_over_ungaters_and_shows_kueues_writes() -> None:
+    limits = {"kueue": {"qps": 50, "burst": 100}, "ungater": {"qps": 50, "burst": 100}}
+    stories = {
+        "job-1k": {"kueue": _side(8.0), "ungater": _side(10.0)},
+        "job-1k-busy": {"kueue": _side(30.0, {"workloads POST": 200}), "ungater": _side(10.0)},
+    }
+    rows = wave_rows({"limits": {"equal": {"client_limits": limits, "stories": stories}}})
+    verdicts = {r["metric"]: r for r in rows if "ratio" in r["metric"]}
+    slow = verdicts["wave job-1k: admission to last release, ratio Kueue/ungater"]
+    assert slow["median"] == pytest.approx(0.8) and slow["status"] == "MISS"
+    busy = verdicts["wave job-1k-busy: admission to last release, ratio Kueue/ungater"]
+    assert busy["median"] == pytest.approx(3.0) and busy["status"] == "pass"
+    writes = [r for r in rows if "writes" in r["metric"]]
+    assert [(r["metric"], r["median"]) for r in writes] == [
+        ("wave job-1k-busy: Kueue's writes to its objects (Kueue side)", 20.0)
+    ]
+    still = {"job-1k": {"kueue": _side(8.0), "ungater": {**_side(0.0), "still_gated": 3}}}
+    rows = wave_rows({"limits": {"equal": {"client_limits": limits, "stories": still}}})
+    assert not [r for r in rows if "ratio" in r["metric"]]  # no verdict on a wave that never ended
+
+
+class _Jobs:
+    """Records each Job created; ``hold`` keeps every create waiting (a slow server)."""
+
+    def __init__(self, hold: bool = False) -> None:
+        self.names: list[str] = []
+        self.hold = hold
+        self.kube = self
+
+    async def create(self, resource: object, ns: str, body: dict[str, object]) -> dict[str, object]:
+        self.names.append(str(body["metadata"]["name"]))  # type: ignore[index]
+        if self.hold:
+            await anyio.sleep_forever()
+        return {"metadata": {"uid": f"u{len(self.names)}"}}
+
+
+@pytest.mark.anyio
+async def test_the_other_work_keeps_its_rate_and_bounds_what_is_in_flight() -> None:
+    from bench import kueue_wave
+
+    got = {"created": 0, "failed": 0, "skipped": 0}
+    api = _Jobs()
+    with anyio.move_on_after(0.5):
+        await kueue_wave._busy(api, "ns", 40.0, "kueue", got)  # type: ignore[arg-type]
+    # about 20 in half a second at 40 per second, on a fixed schedule
+    assert 15 <= got["created"] <= 21 and got["failed"] == got["skipped"] == 0
+    assert api.names[:2] == ["busy-kueue-1", "busy-kueue-2"]
+    held = _Jobs(hold=True)
+    got = {"created": 0, "failed": 0, "skipped": 0}
+    with anyio.move_on_after(1.0):
+        await kueue_wave._busy(held, "ns", 50.0, "u", got)  # type: ignore[arg-type]
+    assert len(held.names) == kueue_wave._BUSY_IN_FLIGHT and got["skipped"] >= 10
