@@ -118,6 +118,7 @@ def _options(
         delete_namespaces=args.delete_namespaces,
         runs=args.runs,
         workers=args.workers,
+        fresh_plane=args.kubeconfig is None,
     )
 
 

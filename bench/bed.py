@@ -4,6 +4,8 @@ up an elastic Job (pods created, slice pending) and clean the namespace between 
 from __future__ import annotations
 
 import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ import anyio
 from bench.api import BenchApi
 from bench.observer import PodObserver
 
-__all__ = ["Bed", "ElasticJob", "settle_seconds"]
+__all__ = ["Bed", "ElasticJob", "bed_on_fresh_plane", "settle_seconds"]
 
 
 def settle_seconds(pods: int) -> float:
@@ -76,3 +78,29 @@ class Bed:
         await self.api.empty_namespace(self.namespace)
         await self.observer.empty(timeout=120 + pods_hint / 200)
         await anyio.sleep(settle_seconds(pods_hint))
+
+
+@asynccontextmanager
+async def bed_on_fresh_plane(namespace: str, run: str) -> AsyncIterator[tuple[Bed, dict[str, int]]]:
+    """A bed on a local control plane of its own, started for the block and stopped after it,
+    with the plane's processes by name. The scale case's raw loop runs here: at 100k pods,
+    emptying the first plane's namespace took the API server longer than the rest of the run."""
+    from ungater_devtools.devcluster.environment import LocalControlPlane
+
+    plane = LocalControlPlane()
+    await anyio.to_thread.run_sync(plane.start)
+    try:
+        api = await BenchApi.connect(plane.kubeconfig_path)
+        try:
+            await api.ensure_namespace(namespace)
+            bed = Bed(api, namespace, plane.kubeconfig_path, run, PodObserver(api.kube, namespace))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(bed.observer.run)
+                with anyio.fail_after(30):
+                    await bed.observer.synced.wait()
+                yield bed, plane.pids
+                tg.cancel_scope.cancel()
+        finally:
+            await api.close()
+    finally:
+        await anyio.to_thread.run_sync(plane.stop)

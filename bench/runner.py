@@ -22,7 +22,7 @@ import yaml
 
 from bench import churn, release, slots
 from bench.api import BenchApi
-from bench.bed import Bed
+from bench.bed import Bed, bed_on_fresh_plane
 from bench.controller_proc import ControllerProcess, controller_config
 from bench.machine import control_plane_pids, load_average, machine_info, run_span
 from bench.observer import PodObserver
@@ -71,6 +71,8 @@ class Options:
     runs: int = 3  # of the throughput case (each: the size's repeats, interleaved)
     workers: int | None = None  # the controller's reconcile workers (None: its default)
     plane_pids: dict[str, int] = field(default_factory=dict)
+    #: the bench started the plane: the scale case's raw loop gets a plane of its own too
+    fresh_plane: bool = False
 
 
 def _limits(raised: bool) -> tuple[float, int]:
@@ -285,6 +287,9 @@ async def _scale(opts: Options, bed: Bed) -> dict[str, Any]:
     def start(label: str) -> ControllerProcess:
         return ControllerProcess(opts.kubeconfig, config, opts.workdir, label)
 
+    def fresh() -> Any:
+        return bed_on_fresh_plane(opts.namespace, bed.run)
+
     raw = await scale(
         bed,
         s.scale_workloads,
@@ -293,6 +298,7 @@ async def _scale(opts: Options, bed: Bed) -> dict[str, Any]:
         start,
         _limits(raised=False),
         opts.plane_pids,
+        fresh if opts.fresh_plane else None,
     )
     out: dict[str, Any] = {k: v for k, v in raw.items() if not isinstance(v, list)}
     out["config"] = "default"

@@ -94,6 +94,7 @@ def test_quick_bench_run_reports_every_metric(control_plane: Any, tmp_path: Path
     _sane(sc["peak_rss_mb"], 10, 4000)
     assert sc["setup"]["pods_created_per_second"] > 0
     assert sc["raw"]["pods"] == sc["pods"]  # the raw loop released as many, all seen
+    assert sc["raw"]["plane"] == "the same, emptied"  # the cluster was given
     assert 0 < sc["raw"]["release_all_seconds"] < 120
     vs = sc["release_all_vs_raw"]
     assert 0 < vs["ratio"] < 100 and 0 <= vs["cpu_per_1000_raw"] < 1000  # 0: see _sane
@@ -230,3 +231,35 @@ def _judged_whole(k: dict[str, Any]) -> None:
         assert ours["count"] == 0 and ours["judged"] >= 1, (story, found)
         assert isinstance(theirs["count"], int) and theirs["count"] <= theirs["judged"], found
     assert sum(f["kueue"]["judged"] for f in k["over_cap"].values()) >= 1, k["over_cap"]
+
+
+def _plane_pids() -> set[int]:
+    """Every etcd and kube-apiserver process on the machine."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0]
+            except OSError:
+                continue
+            if Path(argv0.decode(errors="replace")).name in ("etcd", "kube-apiserver"):
+                found.add(int(entry.name))
+    return found
+
+
+def test_quick_scale_on_its_own_planes_gives_the_raw_loop_a_fresh_one(tmp_path: Path) -> None:
+    """Without ``--kubeconfig`` the bench starts the plane, and the scale case's raw loop runs
+    on a second plane of its own (at 100k pods, emptying the first took longer than the run):
+    both sides release every pod, and both planes are gone when the bench ends."""
+    before = _plane_pids()
+    out = tmp_path / "scale.json"
+    args = [sys.executable, "-m", "bench", "run", "--quick", "--only", "scale", "--out", str(out)]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    sc = json.loads(out.read_text())["metrics"]["scale"]
+    assert sc["raw"]["plane"] == "its own"
+    assert sc["raw"]["pods"] == sc["pods"] > 0
+    _sane(sc["release_all_seconds"], 0, 120)
+    assert 0 < sc["raw"]["release_all_seconds"] < 120
+    assert 0 < sc["release_all_vs_raw"]["ratio"] < 100
+    assert _plane_pids() <= before  # neither plane left behind
