@@ -88,8 +88,9 @@ async def bed_on_fresh_plane(namespace: str, run: str) -> AsyncIterator[tuple[Be
     from ungater_devtools.devcluster.environment import LocalControlPlane
 
     plane = LocalControlPlane()
-    await anyio.to_thread.run_sync(plane.start)
     try:
+        with anyio.CancelScope(shield=True):  # a start cut short would leave its processes
+            await anyio.to_thread.run_sync(plane.start)
         api = await BenchApi.connect(plane.kubeconfig_path)
         try:
             await api.ensure_namespace(namespace)
@@ -101,6 +102,8 @@ async def bed_on_fresh_plane(namespace: str, run: str) -> AsyncIterator[tuple[Be
                 yield bed, plane.pids
                 tg.cancel_scope.cancel()
         finally:
-            await api.close()
+            with anyio.CancelScope(shield=True):
+                await api.close()
     finally:
-        await anyio.to_thread.run_sync(plane.stop)
+        with anyio.CancelScope(shield=True):  # stopped also when the bench is stopped
+            await anyio.to_thread.run_sync(plane.stop)

@@ -44,6 +44,7 @@ class PodObserver:
         self.events = 0
         self.synced = anyio.Event()
         self._changed = anyio.Event()
+        self._running = anyio.CancelScope()
 
     def __len__(self) -> int:
         return len(self.gated)
@@ -72,8 +73,16 @@ class PodObserver:
         self._changed.set()
         self._changed = anyio.Event()
 
+    def stop(self) -> None:
+        """End :meth:`run`: its watch costs the API server nothing more (what was seen stays)."""
+        self._running.cancel()
+
     async def run(self) -> None:
-        """List, then watch until cancelled; relist on 410 Gone."""
+        """List, then watch until cancelled or stopped; relist on 410 Gone."""
+        with self._running:
+            await self._watch()
+
+    async def _watch(self) -> None:
         rv = ""
         for _ in range(_MAX_WATCHES):
             try:
