@@ -14,11 +14,13 @@ written by whoever creates pods.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = ["DEFAULT_LIMIT", "Shared"]
 
 DEFAULT_LIMIT = 1 << 16
+T = TypeVar("T", bound=Hashable)
+_VALUE = object()  # tags the keys of :meth:`Shared.value`
 
 
 class Shared:
@@ -46,6 +48,13 @@ class Shared:
         """The shared copy of ``value``."""
         found: str | None = self._table.get(value)
         return found if found is not None else self._keep(value, value)
+
+    def value(self, value: T) -> T:
+        """The shared copy of an immutable, hashable value (a tuple of gates, of frozen owner
+        references): every pod of a Job holds the same ones."""
+        key = (_VALUE, value)  # tagged: an empty tuple is also the key of an empty mapping
+        found: T | None = self._table.get(key)
+        return found if found is not None else self._keep(key, value)
 
     def mapping(self, value: Mapping[str, Any]) -> dict[str, Any]:
         """The shared copy of a flat mapping (a toleration, say); one with nested values is

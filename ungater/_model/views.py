@@ -267,7 +267,7 @@ def _owner_refs(meta: Mapping[str, Any]) -> tuple[ObjectRef, ...]:
             )
         except KeyError:
             continue  # a reference without identity proves nothing
-    return tuple(refs)
+    return _SHARED.value(tuple(refs))  # frozen, so one copy serves every pod of an owner
 
 
 def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -283,10 +283,12 @@ def parse_pod(obj: Mapping[str, Any]) -> PodView:
     meta = _metadata(obj)
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    gates = tuple(
-        _text(str(g["name"]))
-        for g in spec.get("schedulingGates") or ()
-        if isinstance(g, Mapping) and "name" in g
+    gates = _SHARED.value(
+        tuple(
+            _text(str(g["name"]))
+            for g in spec.get("schedulingGates") or ()
+            if isinstance(g, Mapping) and "name" in g
+        )
     )
     tolerations = tuple(
         _SHARED.mapping(t) for t in spec.get("tolerations") or () if isinstance(t, Mapping)

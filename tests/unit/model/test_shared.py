@@ -56,6 +56,17 @@ def test_the_table_is_emptied_when_full_and_sharing_starts_over() -> None:
     assert shared.text(a) is a  # the old copy of "a" is forgotten
 
 
+def test_equal_values_are_shared_apart_from_mappings() -> None:
+    shared = Shared()
+    gates = (fresh("kueue.x-k8s.io/elastic-job"),)
+    assert shared.value(gates) is gates
+    again = (fresh("kueue.x-k8s.io/elastic-job"),)
+    assert shared.value(again) is gates
+    # an empty tuple is the key of an empty mapping too: each keeps its own kind of value
+    empty_map = shared.mapping({})
+    assert shared.value(()) == () and shared.mapping({}) is empty_map == {}
+
+
 def test_a_limit_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         Shared(limit=0)
@@ -93,5 +104,7 @@ def test_two_pods_of_one_job_share_what_they_repeat() -> None:
     ra, rb = a.owner_refs[0], b.owner_refs[0]
     assert ra.uid is rb.uid is va and ra.name is rb.name and ra.api_version is rb.api_version
     assert a.tolerations[0] is b.tolerations[0]
+    # the tuples themselves: one copy per owner, not an ObjectRef and two tuples per pod
+    assert a.owner_refs is b.owner_refs and a.gates is b.gates
     assert a.node_selector is b.node_selector == {}
     assert a.labels["index"] == "0" and b.labels["index"] == "1"  # what differs stays apart
