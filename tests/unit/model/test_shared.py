@@ -67,9 +67,14 @@ def test_equal_values_are_shared_apart_from_mappings() -> None:
     assert shared.value(()) == () and shared.mapping({}) is empty_map == {}
 
 
-def test_a_limit_below_one_is_refused() -> None:
+def test_a_limit_below_one_is_refused_and_one_is_the_smallest_taken() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         Shared(limit=0)
+    one = Shared(limit=1)  # keeps the last value only
+    first = one.text(fresh("job-name"))
+    assert one.text(fresh("job-name")) is first and len(one) == 1
+    one.text("controller-uid")
+    assert len(one) == 1 and one.text(fresh("job-name")) is not first
 
 
 def pod(name: str, index: int) -> dict[str, Any]:
