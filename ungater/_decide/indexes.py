@@ -10,7 +10,7 @@ object (``older``): a relist never takes one back.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,9 +77,6 @@ class WorkloadIndex:
 
     def has_owner(self, owner_uid: str) -> bool:
         return owner_uid in self._by_owner
-
-    def owners(self) -> Iterable[str]:
-        return list(self._by_owner)
 
     def owner_keys(self) -> list[OwnerKey]:
         """Every owner with Workloads, as work queue keys."""

@@ -13,10 +13,15 @@ from ungater._model.views import parse_object, parse_pod
 LABEL = "batch.kubernetes.io/controller-uid"
 
 
-def test_a_selector_no_pod_carries_selects_nothing() -> None:
+def test_a_selector_selects_the_pods_carrying_every_one_of_its_labels() -> None:
     index = PodIndex(LABEL)
     child = jobset_child_job(jobset("llm", {"workers": 1}), "workers", 0)
-    index.on_change(None, parse_pod(job_pod(child, index=0)))
+    pod = parse_pod(job_pod(child, index=0))
+    index.on_change(None, pod)
+    uid = pod.labels[LABEL]
+    assert index.select(pod.namespace, {LABEL: uid}) == [pod]
+    assert index.select(pod.namespace, {LABEL: uid, **dict(list(pod.labels.items())[:1])}) == [pod]
+    assert index.select(pod.namespace, {LABEL: uid, "not-on-the-pod": "x"}) == []
     assert index.select("ns-without-pods", {LABEL: "nobody"}) == []
     assert index.select("ns-without-pods", {LABEL: "nobody", "other": "label"}) == []
 
