@@ -90,6 +90,7 @@ async def scale(
             pids = {**raw_pids, **first}
             out["raw"] = await _raw_release_all(raw_bed, workloads, pods_each, limits, pids)
         out["raw"]["plane"] = "its own"
+        out["raw"]["plane_pids"] = raw_pids
         return out
     try:
         await bed.clean(total)

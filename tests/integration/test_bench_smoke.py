@@ -233,33 +233,36 @@ def _judged_whole(k: dict[str, Any]) -> None:
     assert sum(f["kueue"]["judged"] for f in k["over_cap"].values()) >= 1, k["over_cap"]
 
 
-def _plane_pids() -> set[int]:
-    """Every etcd and kube-apiserver process on the machine."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0]
-            except OSError:
-                continue
-            if Path(argv0.decode(errors="replace")).name in ("etcd", "kube-apiserver"):
-                found.add(int(entry.name))
-    return found
+_PLANE_PROGRAMS = ("etcd", "kube-apiserver", "kube-controller-manager")
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is still one of the plane's programs (not a pid reused since)."""
+    try:
+        argv0 = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0", 1)[0]
+    except OSError:
+        return False
+    return Path(argv0.decode(errors="replace")).name in _PLANE_PROGRAMS
 
 
 def test_quick_scale_on_its_own_planes_gives_the_raw_loop_a_fresh_one(tmp_path: Path) -> None:
     """Without ``--kubeconfig`` the bench starts the plane, and the scale case's raw loop runs
     on a second plane of its own (at 100k pods, emptying the first took longer than the run):
-    both sides release every pod, and both planes are gone when the bench ends."""
-    before = _plane_pids()
+    both sides release every pod, and both planes' processes are gone when the bench ends
+    (named by the result: other tests start planes of their own meanwhile)."""
     out = tmp_path / "scale.json"
     args = [sys.executable, "-m", "bench", "run", "--quick", "--only", "scale", "--out", str(out)]
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    sc = json.loads(out.read_text())["metrics"]["scale"]
+    result = json.loads(out.read_text())
+    sc = result["metrics"]["scale"]
     assert sc["raw"]["plane"] == "its own"
     assert sc["raw"]["pods"] == sc["pods"] > 0
     _sane(sc["release_all_seconds"], 0, 120)
     assert 0 < sc["raw"]["release_all_seconds"] < 120
     assert 0 < sc["release_all_vs_raw"]["ratio"] < 100
-    assert _plane_pids() <= before  # neither plane left behind
+    first, second = result["meta"]["control_plane_pids"], sc["raw"]["plane_pids"]
+    assert {"etcd", "kube-apiserver"} <= set(first) & set(second)
+    assert set(first.values()).isdisjoint(second.values())  # two planes, not one
+    left = [pid for pid in (*first.values(), *second.values()) if _alive(pid)]
+    assert not left  # neither plane left behind
