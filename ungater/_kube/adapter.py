@@ -16,6 +16,7 @@ import aiohttp
 import orjson
 
 from ungater._kube.client import ApiError, GoneError, Resource
+from ungater._kube.lean_import import kubernetes_client
 from ungater._kube.ratelimit import RateLimiter
 
 __all__ = ["KEEPALIVE_SECONDS", "ApiClientKube", "connect", "loads"]
@@ -253,8 +254,7 @@ async def connect(
     pool_size: int = 100,
 ) -> ApiClientKube:
     """A client from ``kubeconfig``, else $KUBECONFIG or ~/.kube/config, else in-cluster config."""
-    from kubernetes_asyncio import client, config
-
+    client, config = kubernetes_client()
     cfg = client.Configuration()
     path = kubeconfig or os.environ.get("KUBECONFIG") or None
     if path is not None:
@@ -268,7 +268,7 @@ async def connect(
         )
     else:
         try:
-            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+            config.load_incluster_config(client_configuration=cfg)
         except config.ConfigException as exc:
             raise RuntimeError(
                 "no kubeconfig found (give --kubeconfig, set KUBECONFIG or create "
