@@ -5,7 +5,11 @@ answers every patch at once; its Workload and pod indexes are filled directly wi
 from API-shaped JSON (``ungater._model.views.parse_*`` on ``json.loads`` output, so no string is shared
 between objects, as from the wire), so 50k cached pods cost seconds, not a cluster. Timed:
 ``await controller.reconcile(key)`` for one owner with 10 pods, both when it releases all 10
-(expectations reset between calls) and when it has nothing left to release. Also measured, with
+(expectations reset between calls) and when it has nothing left to release. The baseline in
+the same run: the same two reconciles, interleaved call by call, on a second controller that
+caches only its two owners, while the first one's caches fill the process. What the first grows
+by beyond the second is the cost of the cached pods to a reconcile; what both grow by is the
+process's larger heap (the CPU's caches, the garbage collector). Also measured, with
 tracemalloc: the bytes the caches hold per pod.
 
 ``owner_size_cost``: an idle reconcile of one owner of 100 to 10k pods, as a wave decides again
@@ -82,15 +86,19 @@ def _add_owner(ctl: Controller, index: int, gated: bool, size: int = _PODS_PER_O
     return OwnerKey(_NS, job["metadata"]["uid"])
 
 
-async def _time(ctl: Controller, key: OwnerKey, repeats: int, reset: bool) -> list[float]:
-    out: list[float] = []
+async def _time(
+    timed: list[tuple[Controller, OwnerKey]], repeats: int, reset: bool
+) -> list[list[float]]:
+    """Microseconds per reconcile of each ``(controller, owner)``, the calls interleaved."""
+    out: list[list[float]] = [[] for _ in timed]
     for i in range(repeats + _WARMUP):
-        if reset:
-            ctl.state.ledger.expectations.forget_key(key)
-        t = time.perf_counter()
-        await ctl.reconcile(key)
-        if i >= _WARMUP:
-            out.append((time.perf_counter() - t) * 1e6)
+        for (ctl, key), samples in zip(timed, out, strict=True):
+            if reset:
+                ctl.state.ledger.expectations.forget_key(key)
+            t = time.perf_counter()
+            await ctl.reconcile(key)
+            if i >= _WARMUP:
+                samples.append((time.perf_counter() - t) * 1e6)
     return out
 
 
@@ -125,21 +133,25 @@ async def owner_size_cost(sizes: tuple[int, ...], calls: int) -> dict[str, Any]:
 
 
 async def reconcile_cost(others: tuple[int, ...], repeats: int) -> dict[str, Any]:
-    """Microseconds per reconcile of one 10-pod owner while ``others`` pods are cached."""
-    ctl = _controller()
-    releasing = _add_owner(ctl, 0, gated=True)
-    idle = _add_owner(ctl, 1, gated=False)
+    """Microseconds per reconcile of one 10-pod owner while ``others`` pods are cached, and on
+    the baseline controller (its two owners only) in the same process at the same moments."""
+    ctl, base = _controller(), _controller()
+    releasing = [(c, _add_owner(c, 0, gated=True)) for c in (ctl, base)]
+    idle = [(c, _add_owner(c, 1, gated=False)) for c in (ctl, base)]
     cached = 0
     owners = 2
     out: dict[str, Any] = {"releasing": {}, "idle": {}, "bytes_per_cached_pod": None}
+    out["baseline"] = {"releasing": {}, "idle": {}}
     for target in sorted(others):
         while cached < target:
             _add_owner(ctl, owners, gated=owners % 2 == 0)
             owners += 1
             cached += _PODS_PER_OWNER
         gc.collect()
-        out["releasing"][str(target)] = await _time(ctl, releasing, repeats, reset=True)
-        out["idle"][str(target)] = await _time(ctl, idle, repeats, reset=False)
+        for mode, timed in (("releasing", releasing), ("idle", idle)):
+            ours, baseline = await _time(timed, repeats, reset=mode == "releasing")
+            out[mode][str(target)] = ours
+            out["baseline"][mode][str(target)] = baseline
     out["bytes_per_cached_pod"] = _bytes_per_pod(ctl, owners)
     return out
 

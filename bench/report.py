@@ -229,6 +229,13 @@ def _reconcile_rows(rc: dict[str, Any]) -> list[Row]:
         ok = ratio <= 1.5 if at_goal and not math.isnan(ratio) else None
         label = f"reconcile ({mode}) growth (max median / at smallest)"
         rows.append(_row(label, "in-process", _ratio(ratio), GOALS["reconcile_flat"], ok))
+        base = rc.get("baseline")  # results before it have none
+        if base is not None:
+            for size, s in base[mode].items():
+                label = f"baseline: reconcile ({mode}), {size} pods cached by another controller"
+                rows.append(_row(label, "in-process", s))
+            label = f"baseline: reconcile ({mode}) growth (max median / at smallest)"
+            rows.append(_row(label, "in-process", _ratio(base[f"{mode}_ratio"])))
     per_pod = summarize([rc["bytes_per_cached_pod"]], "B")
     rows.append(_row("cache memory per pod (views + indexes)", "in-process", per_pod))
     for size, got in rc.get("owner_size", {}).items():

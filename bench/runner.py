@@ -332,6 +332,16 @@ def _reconcile_summary(raw: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"bytes_per_cached_pod": raw["bytes_per_cached_pod"]}
     for mode in ("releasing", "idle"):
         out[mode] = {size: summarize(samples, "us") for size, samples in raw[mode].items()}
-        medians = [v["median"] for v in out[mode].values()]  # by growing cache size
-        out[f"{mode}_ratio"] = max(medians) / medians[0] if medians else float("nan")
+        out[f"{mode}_ratio"] = _growth(out[mode])
+    base = {
+        mode: {size: summarize(samples, "us") for size, samples in raw["baseline"][mode].items()}
+        for mode in ("releasing", "idle")
+    }
+    out["baseline"] = {**base, **{f"{mode}_ratio": _growth(base[mode]) for mode in base}}
     return out
+
+
+def _growth(by_size: dict[str, Any]) -> float:
+    """The largest median over the median at the smallest size (sizes in growing order)."""
+    medians = [v["median"] for v in by_size.values()]
+    return max(medians) / medians[0] if medians else float("nan")

@@ -105,6 +105,8 @@ def test_quick_bench_run_reports_every_metric(control_plane: Any, tmp_path: Path
         for summary in rc[mode].values():
             _sane(summary, 0, 1e6)
         assert 0 < rc[f"{mode}_ratio"] < 100
+        assert set(rc["baseline"][mode]) == {"100", "1000"}
+        assert 0 < rc["baseline"][f"{mode}_ratio"] < 100
 
     meta = result["meta"]["machine"]
     assert meta["nproc"] and meta["kubernetes"].startswith("v1.")
