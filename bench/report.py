@@ -215,6 +215,17 @@ def _raw_release_all_rows(sc: dict[str, Any], big: bool) -> list[Row]:
                 "release-all CPU per release ratio (controller / raw)", cfg, _ratio(vs["cpu_ratio"])
             )
         )
+    # what the API server spends per release in each window: the work the controller's design
+    # adds there (its pod watch, its reads) beside the same patches
+    windows = (
+        ("controller's", sc.get("release_all_cpu"), sc["pods"]),
+        ("raw loop's", raw.get("release_all_cpu"), raw["pods"]),
+    )
+    for who, cpu, pods in windows:
+        if cpu and "kube-apiserver" in cpu and pods:
+            per_1000 = cpu["kube-apiserver"] * cpu["wall_seconds"] / pods * 1000
+            label = f"release-all API server CPU per 1000 released: {who} window"
+            rows.append(_row(label, cfg, summarize([per_1000], "CPU-s")))
     return rows
 
 
